@@ -1,0 +1,41 @@
+"""Triton adapter: text -> token ids (specdec.tokenizer), with the checks that need tokens."""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from specdec.config import load_profile
+from specdec.contract import stop_words_to_list
+from specdec.tokenizer import TextTokenizer
+from specdec.triton_io import InvalidInput, check_context, parse_preprocess, request_inputs
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
+        self.profile = load_profile(params["profile"])
+        self.tokenizer = TextTokenizer(params["tokenizer_dir"])
+
+    def execute(self, requests):
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        try:
+            req = parse_preprocess(request_inputs(request), self.profile)
+            prompt = self.tokenizer.chat_prompt(req.text) if req.apply_chat_template else req.text
+            ids = self.tokenizer.encode(prompt)
+            check_context(len(ids), req.max_tokens, self.profile.engine.max_seq_len)
+        except InvalidInput as err:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG))
+        end_id = req.end_id if req.end_id is not None else self.tokenizer.eos_id
+        stop_words = stop_words_to_list([self.tokenizer.encode(w) for w in req.stop_words])
+        return pb_utils.InferenceResponse(
+            [
+                pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32)),
+                pb_utils.Tensor("input_lengths", np.array([[len(ids)]], dtype=np.int32)),
+                pb_utils.Tensor("max_tokens_out", np.array([[req.max_tokens]], dtype=np.int32)),
+                pb_utils.Tensor("end_id_out", np.array([[-1 if end_id is None else end_id]], dtype=np.int32)),
+                pb_utils.Tensor("stop_words_list", stop_words[None]),
+            ]
+        )

@@ -1,0 +1,56 @@
+"""Triton adapter: the TensorRT-LLM backend's tensors <-> specdec.engine.Engine."""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from specdec.engine.engine import Engine
+from specdec.triton_io import (
+    InvalidInput,
+    empty_engine_outputs,
+    engine_outputs,
+    parse_engine_request,
+    request_inputs,
+)
+
+
+def _error(message, code=None):
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def _response(arrays):
+    return pb_utils.InferenceResponse([pb_utils.Tensor(name, arr) for name, arr in arrays.items()])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
+        self.engine = Engine(params["model_dir"], **json.loads(params["engine_options"]))
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        batch, where = [], []
+        for i, request in enumerate(requests):
+            try:
+                inputs = request_inputs(request)
+                parsed = parse_engine_request(inputs, request.request_id())
+            except InvalidInput as err:
+                responses[i] = _error(str(err))
+                continue
+            if parsed is None:  # stop: the sequence ended or was cancelled
+                self.engine.release(request.request_id())
+                responses[i] = _response(empty_engine_outputs())
+                continue
+            exclude = bool(np.asarray(inputs.get("exclude_input_in_output", False)).reshape(-1)[0])
+            batch.append((parsed, exclude))
+            where.append(i)
+        results = self.engine.generate([req for req, _ in batch]) if batch else []
+        for i, (req, exclude), result in zip(where, batch, results):
+            if isinstance(result, Exception):
+                code = pb_utils.TritonError.INVALID_ARG if isinstance(result, ValueError) else pb_utils.TritonError.UNAVAILABLE
+                responses[i] = _error(str(result), code)
+            else:
+                responses[i] = _response(engine_outputs(result, req, exclude))
+        return responses

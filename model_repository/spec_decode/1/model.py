@@ -1,0 +1,116 @@
+"""Triton adapter for specdec.spec_decode: BLS calls to the engines, streamed responses, metrics."""
+
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from specdec.config import load_profile
+from specdec.engine.model import LlamaConfig
+from specdec.spec_decode import EngineError, Overloaded, SpecDecodeService
+from specdec.triton_io import InvalidInput, parse_spec_decode, request_inputs, spec_decode_outputs
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+async def call_engine(model, inputs, outputs, request_id):
+    request = pb_utils.InferenceRequest(
+        model_name=model,
+        inputs=[pb_utils.Tensor(name, arr) for name, arr in inputs.items()],
+        requested_output_names=outputs,
+        request_id=request_id,
+    )
+    response = await request.async_exec()
+    if response.has_error():
+        raise EngineError(f"{model}: {response.error().message()}")
+    return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+
+
+class TritonMetrics:
+    """Prometheus counters on Triton's metrics port, labelled by model and proposer."""
+
+    def __init__(self, model):
+        def family(name, doc):
+            return pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.COUNTER)
+
+        self.model = model
+        self.families = {
+            "drafts": family("specdec_drafts_total", "Verification rounds that carried draft tokens"),
+            "draft_tokens": family("specdec_draft_tokens_total", "Draft tokens proposed"),
+            "accepted": family("specdec_accepted_tokens_total", "Draft tokens accepted by the target"),
+            "position": family("specdec_accepted_tokens_per_position_total", "Accepted draft tokens by draft position"),
+            "drafted_position": family("specdec_draft_tokens_per_position_total", "Draft tokens by draft position"),
+            "requests": family("specdec_requests_total", "Finished requests by proposer and finish reason"),
+            "tokens": family("specdec_output_tokens_total", "Generated tokens"),
+        }
+        self.cache = {}
+
+    def _metric(self, kind, **labels):
+        key = (kind, *sorted(labels.items()))
+        if key not in self.cache:
+            self.cache[key] = self.families[kind].Metric(labels={"model": self.model, **labels})
+        return self.cache[key]
+
+    def round(self, proposer, num_draft, num_accepted):
+        if num_draft == 0:
+            return
+        self._metric("drafts", proposer=proposer).increment(1)
+        self._metric("draft_tokens", proposer=proposer).increment(num_draft)
+        self._metric("accepted", proposer=proposer).increment(num_accepted)
+        for i in range(num_draft):
+            self._metric("drafted_position", proposer=proposer, position=str(i + 1)).increment(1)
+            if i < num_accepted:
+                self._metric("position", proposer=proposer, position=str(i + 1)).increment(1)
+
+    def finished(self, proposer, reason, num_tokens):
+        self._metric("requests", proposer=proposer, reason=reason).increment(1)
+        self._metric("tokens", proposer=proposer).increment(num_tokens)
+
+
+def _response(arrays):
+    return pb_utils.InferenceResponse([pb_utils.Tensor(name, arr) for name, arr in arrays.items()])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config["parameters"].items()}
+        self.profile = load_profile(params["profile"])
+        self.vocab_size = LlamaConfig.from_dir(self.profile.model_dir("target")).vocab_size
+        self.service = SpecDecodeService(
+            self.profile,
+            call_engine,
+            TritonMetrics(config["name"]),
+            target_model=params["target_model"],
+            draft_model=params["draft_model"] or None,
+        )
+
+    async def execute(self, requests):
+        await asyncio.gather(*(self._serve(r) for r in requests))
+
+    async def _serve(self, request):
+        sender = request.get_response_sender()
+        try:
+            req = parse_spec_decode(request_inputs(request), self.profile, self.vocab_size)
+            sent = []  # tokens already sent, for the postprocessing window
+            pending = []
+            async for chunk in self.service.serve(req, request.is_cancelled):
+                if chunk.gen.finish_reason == "cancelled":
+                    sender.send(flags=FINAL)
+                    return
+                pending += chunk.tokens
+                if req.stream or chunk.final:
+                    sender.send(_response(spec_decode_outputs(sent, pending, chunk.final, chunk.gen.stats)),
+                                flags=FINAL if chunk.final else 0)  # fmt: skip
+                    sent += pending
+                    pending = []
+        except InvalidInput as err:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+        except Overloaded as err:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.UNAVAILABLE)), flags=FINAL)
+        except EngineError as err:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INTERNAL)), flags=FINAL)
+        except Exception as err:  # a bug must not leave the client waiting forever
+            pb_utils.Logger.log_error(f"spec_decode: {type(err).__name__}: {err}")
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {err}")), flags=FINAL)

@@ -1,0 +1,216 @@
+"""The PyTorch engine: batched generation and draft verification over the slot KV cache.
+
+It implements what the TensorRT-LLM backend does for one call: given a sequence's full input
+ids, optional draft tokens (and draft logits) and a number of new tokens, it returns the accepted
+draft tokens plus one token of its own (a verification), or the new tokens (plain generation).
+All requests of a call share each forward pass: their uncached context, drafts and decode rows
+are concatenated into one set of rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec import sampling, verify
+from specdec.engine.kv_slots import CacheFullError, SlotTable
+from specdec.engine.model import Llama
+from specdec.sampling import SamplingError, SamplingParams
+
+
+class RequestError(ValueError):
+    """A request the engine cannot run; the message names the field."""
+
+
+@dataclass
+class GenerationRequest:
+    input_ids: np.ndarray  # (L,) int: the whole sequence so far
+    max_new_tokens: int = 1
+    draft_ids: np.ndarray | None = None  # (k,) proposed continuation to verify
+    draft_logits: np.ndarray | None = None  # (k, V) the proposer's logits; None = deterministic proposer
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    end_id: int | None = None
+    sequence_key: str = ""  # "" = keep nothing after the call
+    return_logits: bool = False
+
+
+@dataclass
+class GenerationResult:
+    tokens: np.ndarray  # (n,) int32 new tokens: accepted drafts, then the engine's own
+    logits: np.ndarray | None = None  # (n, V) float32 raw logits each new token was drawn from
+    num_draft: int = 0
+    num_accepted: int = 0
+    reused: int = 0  # input tokens whose cache was reused
+
+
+@dataclass
+class _Seq:
+    index: int
+    req: GenerationRequest
+    slot: int
+    key: str
+    reused: int
+    tokens: list[int]  # the full sequence, growing as tokens are emitted
+    cached: int  # tokens[:cached] are in the slot's cache
+    new: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    num_accepted: int = 0
+    done: bool = False
+
+
+class Engine:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        kv_slots: int = 16,
+        max_seq_len: int = 2048,
+        threads: int | None = None,
+    ):
+        if threads:
+            torch.set_num_threads(threads)
+            import numba
+
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        self.model = Llama(Path(model_dir), device=device, dtype=dtype)
+        self.max_seq_len = min(max_seq_len, self.model.cfg.max_position_embeddings)
+        self.cache = self.model.new_cache(kv_slots, self.max_seq_len)
+        self.slots = SlotTable(kv_slots)
+        self.vocab_size = self.model.cfg.vocab_size
+        self.device = self.model.device
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult | Exception]:
+        results: list[GenerationResult | Exception] = [RuntimeError("not run")] * len(requests)
+        seqs: list[_Seq] = []
+        busy: set[int] = set()
+        for i, req in enumerate(requests):
+            try:
+                self._validate(req)
+                slot, reused, key = self.slots.acquire(req.sequence_key, np.asarray(req.input_ids), busy)
+            except (RequestError, CacheFullError) as err:
+                results[i] = err
+                continue
+            busy.add(slot)
+            ids = [int(t) for t in req.input_ids]
+            seqs.append(_Seq(i, req, slot, key, reused, ids, cached=reused))
+
+        first = True
+        while pending := [s for s in seqs if not s.done]:
+            self._step(pending, with_drafts=first)
+            first = False
+
+        for s in seqs:
+            self.slots.record(s.slot, np.asarray(s.tokens[: s.cached], dtype=np.int64))
+            if not s.req.sequence_key:
+                self.slots.release(s.key)
+            logits = torch.stack(s.logits).cpu().numpy() if s.req.return_logits else None
+            results[s.index] = GenerationResult(
+                tokens=np.asarray(s.new, dtype=np.int32),
+                logits=logits,
+                num_draft=0 if s.req.draft_ids is None else len(s.req.draft_ids),
+                num_accepted=s.num_accepted,
+                reused=s.reused,
+            )
+        return results
+
+    def release(self, sequence_key: str) -> bool:
+        """Free the slot of a finished or abandoned sequence."""
+        return self.slots.release(sequence_key)
+
+    # ------------------------------------------------------------------ internals
+    def _validate(self, req: GenerationRequest) -> None:
+        ids = np.asarray(req.input_ids)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise RequestError("input_ids: must be a non-empty 1-D list of token ids")
+        drafts = np.asarray(req.draft_ids if req.draft_ids is not None else [], dtype=np.int64)
+        for name, arr in (("input_ids", ids), ("draft_input_ids", drafts)):
+            if len(arr) and (arr.min() < 0 or arr.max() >= self.vocab_size):
+                raise RequestError(f"{name}: token ids must be in [0, {self.vocab_size})")
+        if req.max_new_tokens < 1:
+            raise RequestError(f"request_output_len: must be >= 1, got {req.max_new_tokens}")
+        needed = len(ids) + max(len(drafts) + 1, req.max_new_tokens)
+        if needed > self.max_seq_len:
+            raise RequestError(
+                f"input_ids: {len(ids)} tokens plus {needed - len(ids)} new exceed the engine's "
+                f"max_seq_len of {self.max_seq_len}"
+            )
+        if req.draft_logits is not None:
+            shape = np.shape(req.draft_logits)
+            if shape != (len(drafts), self.vocab_size):
+                raise RequestError(f"draft_logits: shape must be ({len(drafts)}, {self.vocab_size}), got {shape}")
+            if req.sampling.greedy:
+                raise RequestError("draft_logits: only meaningful when sampling (temperature > 0)")
+        try:
+            req.sampling.validate()
+        except SamplingError as err:
+            raise RequestError(str(err)) from None
+
+    def _step(self, seqs: list[_Seq], with_drafts: bool) -> None:
+        """One forward over every pending sequence, then accept / sample its new tokens."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        slot_of_row: list[int] = []
+        logit_rows: list[int] = []
+        drafts: list[list[int]] = []
+        for s in seqs:
+            d = [int(t) for t in s.req.draft_ids] if with_drafts and s.req.draft_ids is not None else []
+            fresh = s.tokens[s.cached :] + d  # uncached context (at least the last token) + drafts
+            start = len(tokens)
+            tokens += fresh
+            positions += range(s.cached, s.cached + len(fresh))
+            slot_of_row += [s.slot] * len(fresh)
+            # logits of the last context token and of each draft token
+            logit_rows += range(start + len(fresh) - len(d) - 1, start + len(fresh))
+            drafts.append(d)
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+        logits = self.model.forward(self.cache, tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows))
+        offset = 0
+        for s, d in zip(seqs, drafts, strict=True):
+            rows = logits[offset : offset + len(d) + 1]
+            offset += len(d) + 1
+            verdict = self._verify(s, rows, d)
+            emitted = verdict.emitted(0)
+            s.num_accepted += int(verdict.num_accepted[0])
+            s.cached = len(s.tokens) + int(verdict.num_accepted[0])  # rejected drafts' cache is stale
+            self._emit(s, emitted, rows)
+
+    def _verify(self, s: _Seq, rows: torch.Tensor, d: list[int]) -> verify.Verdict:
+        draft = torch.tensor([d], dtype=torch.int64, device=self.device)
+        num_draft = torch.tensor([len(d)], device=self.device)
+        params = s.req.sampling
+        if params.greedy:
+            return verify.greedy_verify(rows[None], draft, num_draft)
+        first_pos = len(s.tokens)  # absolute position of the first token this step emits
+        positions = list(range(first_pos, first_pos + len(d) + 1))
+        q = None
+        if d and s.req.draft_logits is not None:
+            q = sampling.probs(torch.as_tensor(s.req.draft_logits, device=self.device), params)[None]
+        return verify.rejection_sample(
+            sampling.probs(rows, params)[None],
+            draft,
+            num_draft,
+            q,
+            sampling.uniform_noise(params.seed, positions[:-1], self.device)[None],
+            sampling.exponential_noise(params.seed, positions, self.vocab_size, self.device)[None],
+        )
+
+    def _emit(self, s: _Seq, emitted: list[int], rows: torch.Tensor) -> None:
+        """Append tokens until the end id or the requested count; later ones are dropped."""
+        for i, tok in enumerate(emitted):
+            s.tokens.append(tok)
+            s.new.append(tok)
+            if s.req.return_logits:
+                s.logits.append(rows[i])
+            if tok == s.req.end_id or len(s.new) >= s.req.max_new_tokens:
+                s.done = True
+                break
+        s.cached = min(s.cached, len(s.tokens))

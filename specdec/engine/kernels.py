@@ -1,0 +1,151 @@
+"""CPU kernels for the Llama forward, compiled by numba, with per-row invariant arithmetic.
+
+Why not torch/MKL here: (1) a GEMM library picks a different kernel for each number of rows M
+(GEMV for M=1, blocked GEMM above), so row i of a k-row verification forward differs in the last
+bits from the same row computed alone, and a near-tie can flip a greedy argmax; (2) for the
+skinny shapes of decoding (M = 1..40 rows against a 576-wide weight) MKL streams the weights at a
+fraction of the memory bandwidth. Every kernel below computes each output element with the same
+instruction sequence whatever M is and whichever other rows share the call, so a row's result
+depends only on its own inputs; tests/test_kernels.py checks that bit for bit.
+
+The only floating-point freedom we give LLVM is reassociation + contraction inside one dot
+product or one row reduction ({"reassoc", "contract"}): it vectorises the reduction in a fixed
+order decided at compile time, never by the data or the batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+_FAST = {"reassoc", "contract"}
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def linear(x, w, out):  # pragma: no cover - compiled
+    """out[m, n] = x[m, :] . w[n, :]   x: (M, K), w: (N, K), out: (M, N), float32.
+
+    Parallel over output features: each thread streams its slice of w once from memory and
+    reuses each weight row (in L1) for all M rows, so verifying k tokens reads the weights once.
+    """
+    m_rows, k_dim = x.shape
+    n_out = w.shape[0]
+    for n in prange(n_out):
+        for m in range(m_rows):
+            acc = np.float32(0.0)
+            for k in range(k_dim):
+                acc += x[m, k] * w[n, k]
+            out[m, n] = acc
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def linear_residual(x, w, residual):  # pragma: no cover - compiled
+    """residual[m, n] += x[m, :] . w[n, :] (the attention-output and down projections)."""
+    m_rows, k_dim = x.shape
+    n_out = w.shape[0]
+    for n in prange(n_out):
+        for m in range(m_rows):
+            acc = np.float32(0.0)
+            for k in range(k_dim):
+                acc += x[m, k] * w[n, k]
+            residual[m, n] += acc
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def rmsnorm(x, weight, eps, out):  # pragma: no cover - compiled
+    """out = x / sqrt(mean(x^2) + eps) * weight, row by row.  x, out: (M, D)."""
+    m_rows, dim = x.shape
+    for m in prange(m_rows):
+        ss = np.float32(0.0)
+        for d in range(dim):
+            ss += x[m, d] * x[m, d]
+        scale = np.float32(1.0) / np.sqrt(ss / np.float32(dim) + np.float32(eps))
+        for d in range(dim):
+            out[m, d] = x[m, d] * scale * weight[d]
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_cache, v_cache):  # pragma: no cover
+    """Rotate q and k (half-split rotary, as Hugging Face Llama) and write k, v into the cache.
+
+    qkv: (M, (H + 2G) * Dh) fused projection output; cos/sin: (T, Dh/2);
+    positions, slots: (M,); q_out: (M, H, Dh); k_cache/v_cache: (S, G, T, Dh).
+    """
+    m_rows = qkv.shape[0]
+    head_dim = q_out.shape[2]
+    half = head_dim // 2
+    k_off = n_heads * head_dim
+    v_off = k_off + n_kv_heads * head_dim
+    for m in prange(m_rows):
+        pos = positions[m]
+        s = slots[m]
+        for h in range(n_heads):
+            base = h * head_dim
+            for i in range(half):
+                a = qkv[m, base + i]
+                b = qkv[m, base + half + i]
+                q_out[m, h, i] = a * cos[pos, i] - b * sin[pos, i]
+                q_out[m, h, half + i] = b * cos[pos, i] + a * sin[pos, i]
+        for g in range(n_kv_heads):
+            base = k_off + g * head_dim
+            for i in range(half):
+                a = qkv[m, base + i]
+                b = qkv[m, base + half + i]
+                k_cache[s, g, pos, i] = a * cos[pos, i] - b * sin[pos, i]
+                k_cache[s, g, pos, half + i] = b * cos[pos, i] + a * sin[pos, i]
+            vbase = v_off + g * head_dim
+            for i in range(head_dim):
+                v_cache[s, g, pos, i] = qkv[m, vbase + i]
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def attention(q, k_cache, v_cache, slots, positions, out):  # pragma: no cover - compiled
+    """Causal attention of each row over its own sequence's cache, positions 0..pos inclusive.
+
+    q: (M, H, Dh); caches: (S, G, T, Dh); out: (M, H * Dh). Grouped-query: head h reads kv head
+    h // (H / G). Each (row, head) is independent, so any batch gives the same bits per row.
+    """
+    m_rows, n_heads, head_dim = q.shape
+    n_kv = k_cache.shape[1]
+    group = n_heads // n_kv
+    scale = np.float32(1.0 / math.sqrt(head_dim))
+    for mh in prange(m_rows * n_heads):
+        m = mh // n_heads
+        h = mh % n_heads
+        g = h // group
+        s = slots[m]
+        length = positions[m] + 1
+        scores = np.empty(length, dtype=np.float32)
+        top = np.float32(-np.inf)
+        for t in range(length):
+            acc = np.float32(0.0)
+            for d in range(head_dim):
+                acc += q[m, h, d] * k_cache[s, g, t, d]
+            acc *= scale
+            scores[t] = acc
+            top = max(top, acc)
+        denom = np.float32(0.0)
+        for t in range(length):
+            e = np.exp(scores[t] - top)
+            scores[t] = e
+            denom += e
+        inv = np.float32(1.0) / denom
+        acc_v = np.zeros(head_dim, dtype=np.float32)
+        for t in range(length):
+            wgt = scores[t] * inv
+            for d in range(head_dim):
+                acc_v[d] += wgt * v_cache[s, g, t, d]
+        for d in range(head_dim):
+            out[m, h * head_dim + d] = acc_v[d]
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def swiglu(gate_up, out):  # pragma: no cover - compiled
+    """out = silu(gate) * up, with gate_up = [gate | up] along the last axis."""
+    m_rows, width = out.shape
+    for m in prange(m_rows):
+        for i in range(width):
+            g = gate_up[m, i]
+            out[m, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[m, width + i]

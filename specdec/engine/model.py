@@ -1,0 +1,175 @@
+"""A Llama decoder over a static, slot-based KV cache, in the spirit of gpt-fast.
+
+One forward takes any set of rows (token, position, slot): prompt prefills, single decode steps
+and k-token verifications of different sequences go through together, and each row's result is
+the same as if it had been computed alone (on CPU, see kernels.py). Logits are computed only for
+the rows the caller asks for, since the lm_head is the largest matrix of a small model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from specdec.engine.ops import CpuOps, TorchOps
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_id: int | None
+    rope_scaling: dict | None = None
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> LlamaConfig:
+        raw = json.loads((Path(model_dir) / "config.json").read_text())
+        heads = raw["num_attention_heads"]
+        eos = raw.get("eos_token_id")
+        rope_theta = raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+        return cls(
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads", heads),
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            vocab_size=raw["vocab_size"],
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            rope_scaling=raw.get("rope_scaling"),
+        )
+
+
+def rope_tables(cfg: LlamaConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: (length, head_dim / 2), computed as Hugging Face does (float32), with Llama 3
+    frequency scaling when the checkpoint asks for it."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = torch.where(medium, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq.float())
+    return freqs.cos().contiguous(), freqs.sin().contiguous()
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor  # (D,)
+    wqkv: torch.Tensor  # ((H + 2G) * Dh, D)  q, k, v rows fused: one pass over memory
+    wo: torch.Tensor  # (D, H * Dh)
+    mlp_norm: torch.Tensor  # (D,)
+    w_gate_up: torch.Tensor  # (2F, D)  gate and up fused
+    w_down: torch.Tensor  # (D, F)
+
+
+class Llama:
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: str = "float32"):
+        self.cfg = LlamaConfig.from_dir(model_dir)
+        self.device = torch.device(device)
+        self.dtype = DTYPES[dtype]
+        if self.device.type == "cpu" and self.dtype != torch.float32:
+            raise ValueError("the CPU engine computes in float32 (no fast bf16/fp16 path on CPU)")
+        self.ops = CpuOps() if self.device.type == "cpu" else TorchOps()
+        self._load(Path(model_dir))
+
+    def _load(self, model_dir: Path) -> None:
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors weights in {model_dir}")
+        sd: dict[str, torch.Tensor] = {}
+        for f in files:
+            sd.update(load_file(str(f)))
+
+        def take(name: str) -> torch.Tensor:
+            return sd.pop(name).to(self.device, self.dtype).contiguous()
+
+        self.embed = take("model.embed_tokens.weight")
+        self.layers = []
+        for i in range(self.cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(
+                Layer(
+                    attn_norm=take(p + "input_layernorm.weight"),
+                    wqkv=torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
+                    wo=take(p + "self_attn.o_proj.weight"),
+                    mlp_norm=take(p + "post_attention_layernorm.weight"),
+                    w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).contiguous(),
+                    w_down=take(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.norm = take("model.norm.weight")
+        self.lm_head = self.embed if self.cfg.tie_word_embeddings else take("lm_head.weight")
+
+    def weight_bytes(self) -> int:
+        tensors = [self.embed, self.norm, *(t for layer in self.layers for t in vars(layer).values())]
+        if self.lm_head is not self.embed:
+            tensors.append(self.lm_head)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        return KVCache(self.cfg, slots, max_len, self.device, self.dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: KVCache,
+        tokens: torch.Tensor,  # (M,) int64
+        positions: torch.Tensor,  # (M,) int64, position of each token in its sequence
+        slots: torch.Tensor,  # (M,) int64, cache slot of each token's sequence
+        logit_rows: torch.Tensor,  # (R,) int64, rows whose next-token logits are wanted
+    ) -> torch.Tensor:  # (R, V) float32
+        cfg, ops = self.cfg, self.ops
+        x = self.embed[tokens]
+        for i, layer in enumerate(self.layers):
+            h = ops.rmsnorm(x, layer.attn_norm, cfg.rms_norm_eps)
+            qkv = ops.linear(h, layer.wqkv)
+            k_cache, v_cache = cache.k[i], cache.v[i]
+            q = ops.rope_store(
+                qkv, cache.cos, cache.sin, positions, slots,
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, k_cache, v_cache,
+            )  # fmt: skip
+            attn = ops.attention(q, k_cache, v_cache, slots, positions)
+            ops.linear_residual(attn, layer.wo, x)
+            h = ops.rmsnorm(x, layer.mlp_norm, cfg.rms_norm_eps)
+            ops.linear_residual(ops.swiglu(ops.linear(h, layer.w_gate_up)), layer.w_down, x)
+        h = ops.rmsnorm(x[logit_rows].contiguous(), self.norm, cfg.rms_norm_eps)
+        return ops.linear(h, self.lm_head).float()
+
+
+class KVCache:
+    """Preallocated keys/values: (layers, slots, kv_heads, max_len, head_dim). Allocated with
+    torch.empty, so on CPU only the pages a sequence actually writes become resident."""
+
+    def __init__(self, cfg: LlamaConfig, slots: int, max_len: int, device: torch.device, dtype: torch.dtype):
+        shape = (cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        cos, sin = rope_tables(cfg, max_len)
+        self.cos, self.sin = cos.to(device), sin.to(device)

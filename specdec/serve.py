@@ -1,0 +1,195 @@
+"""The tritonserver process: which binary, its Python backend, its flags, start, ready, stop.
+
+On a GPU machine inside NVIDIA's Triton container the container's server is used. Elsewhere the
+`nvidia-pytriton` wheel provides a real Triton server binary (2.51), its Python backend and a
+backend stub per Python version; we assemble them into a backend folder of the build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.config import Profile
+
+CONTAINER_SERVER = Path("/opt/tritonserver")
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path  # contains python/ (libtriton_python.so, utils, stub)
+    library_dirs: tuple[Path, ...] = ()
+
+
+def find_triton(build_dir: Path) -> TritonInstall:
+    if (CONTAINER_SERVER / "bin" / "tritonserver").is_file():
+        return TritonInstall(CONTAINER_SERVER / "bin" / "tritonserver", CONTAINER_SERVER / "backends")
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerError("no tritonserver found: install the nvidia-pytriton wheel (./run does) or use the container")
+    root = Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton ships no Python backend stub for Python {version}")
+    backend = build_dir / "backends" / "python"
+    backend.mkdir(parents=True, exist_ok=True)
+    for src in (root / "backends/python/libtriton_python.so", root / "backends/python/triton_python_backend_utils.py", stub):
+        dst = backend / src.name
+        if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+            shutil.copy2(src, dst)
+    return TritonInstall(root / "bin" / "tritonserver", backend.parent, (libs,))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def free(cls, host: str = "127.0.0.1") -> Ports:
+        return cls(free_port(host), free_port(host), free_port(host))
+
+
+class TritonServer:
+    """A tritonserver serving the profile's rendered repository. Use as a context manager."""
+
+    def __init__(self, profile: Profile, host: str | None = None, ports: Ports | None = None, log_file: Path | None = None):
+        self.profile = profile
+        self.host = host or profile.server.host
+        s = profile.server
+        self.ports = ports or Ports(s.http_port, s.grpc_port, s.metrics_port)
+        self.log_file = log_file or profile.build_path() / "logs" / "tritonserver.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports.metrics}/metrics"
+
+    def command(self, install: TritonInstall) -> list[str]:
+        repo = self.profile.repository_dir()
+        if not (repo / "ensemble" / "config.pbtxt").is_file():
+            raise ServerError(f"no model repository at {repo}: run `specdec build` first")
+        return [
+            str(install.binary),
+            f"--model-repository={repo}",
+            f"--backend-directory={install.backend_dir}",
+            f"--http-address={self.host}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-metrics=true",
+            "--model-control-mode=none",  # no model load/unload API
+            "--strict-readiness=true",
+            "--disable-auto-complete-config",
+            "--exit-timeout-secs=15",
+            "--log-verbose=0",
+            # generation logits of a k-token draft are k * V floats: room for them in shared memory
+            "--backend-config=python,shm-default-byte-size=16777216",
+            "--backend-config=python,shm-growth-byte-size=16777216",
+        ]
+
+    def environment(self, install: TritonInstall) -> dict[str, str]:
+        env = dict(os.environ)
+        # The Python stub takes its site-packages from the first python3 on PATH.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        libs = [str(p) for p in install.library_dirs]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
+        env.setdefault("NUMBA_CACHE_DIR", str(self.profile.build_path() / "numba_cache"))
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return env
+
+    def start(self, foreground_log: bool = False) -> TritonServer:
+        install = find_triton(self.profile.build_path())
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        out = None if foreground_log else open(self.log_file, "wb")  # noqa: SIM115 - closed in stop()
+        self._log_handle = out
+        self.process = subprocess.Popen(
+            self.command(install),
+            env=self.environment(install),
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,  # its own process group: stop() can reach the stubs too
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            time.sleep(0.5)
+        raise ServerError(f"tritonserver not ready after {timeout:.0f}s\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_file.is_file():
+            return ""
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc is not None:
+            # stubs left behind by a crash or a kill share the server's process group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if getattr(self, "_log_handle", None):
+            self._log_handle.close()
+            self._log_handle = None
+
+    def __enter__(self) -> TritonServer:
+        if self.process is None:
+            self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,75 @@
+"""Tokenizer, chat template and incremental detokenization.
+
+The chat template is Jinja from the checkpoint; it is rendered in a sandbox (no attribute access
+to Python internals, no imports), since a profile may point at a checkpoint we did not write.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class TextTokenizer:
+    def __init__(self, model_dir: str | Path):
+        model_dir = Path(model_dir)
+        self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        config_file = model_dir / "tokenizer_config.json"
+        self.config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        eos = self.config.get("eos_token")
+        self.eos_id = self._tok.token_to_id(eos) if isinstance(eos, str) else None
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    @cached_property
+    def _template(self):
+        source = self.config.get("chat_template")
+        if not source:
+            return None
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        return env.from_string(source)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def chat_prompt(self, user_text: str) -> str:
+        """The prompt a chat model expects for one user turn, ending where the answer starts."""
+        if self._template is None:
+            return user_text
+        return self._template.render(
+            messages=[{"role": "user", "content": user_text}],
+            add_generation_prompt=True,
+            bos_token=self.config.get("bos_token", ""),
+            eos_token=self.config.get("eos_token", ""),
+        )
+
+    def vocabulary(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
+
+
+def text_delta(decode, ids: list[int], context_length: int, final: bool) -> str:
+    """The text that tokens ids[context_length:] add after ids[:context_length] was streamed.
+
+    Stateless, so the postprocessing model needs no per-request memory: the caller sends a few
+    already-streamed ids before the new ones. A byte-level tokenizer can split one UTF-8
+    character over several tokens; until the character is complete the decoded text ends in
+    U+FFFD, and that tail is held back (both for what was streamed before and for now), so a
+    character is never split. The last chunk of a stream flushes everything.
+    """
+    before = decode(ids[:context_length]).rstrip(REPLACEMENT_CHAR)
+    now = decode(ids)
+    if not final:
+        now = now.rstrip(REPLACEMENT_CHAR)
+    return now[len(before) :] if len(now) >= len(before) else ""

@@ -1,0 +1,272 @@
+"""Reading and validating the tensors of Triton requests: pure functions over numpy arrays.
+
+The model.py adapters turn a pb_utils request into {name: array} with `request_inputs`, call the
+parser for their model, and answer an InvalidInput with Triton's INVALID_ARG. Every message
+starts with the name of the field the client sent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec.config import PROPOSERS, Profile
+from specdec.contract import stop_words_from_list
+from specdec.engine.engine import GenerationRequest, GenerationResult
+from specdec.loop import AcceptanceStats, RequestSpec
+from specdec.sampling import SamplingError, SamplingParams
+
+
+class InvalidInput(ValueError):
+    """A request the server refuses; the message names the field."""
+
+
+def request_inputs(request) -> dict[str, np.ndarray]:
+    """{name: array} of a pb_utils request, the batch dimension removed (one item per request)."""
+    out = {}
+    for tensor in request.inputs():
+        name = tensor.name()
+        arr = tensor.as_numpy()
+        if arr.ndim == 0 or arr.shape[0] != 1:
+            raise InvalidInput(f"{name}: send one item per request (batch size 1), got shape {list(arr.shape)}")
+        out[name] = arr[0]
+    return out
+
+
+def _one(inputs: dict, name: str, default=None):
+    """A scalar input ([1] or []), or default when absent."""
+    if name not in inputs:
+        return default
+    arr = np.asarray(inputs[name])
+    if arr.size != 1:
+        raise InvalidInput(f"{name}: expected one value, got shape {list(arr.shape)}")
+    return arr.reshape(())[()]
+
+
+def _int(inputs: dict, name: str, default: int | None = None) -> int | None:
+    value = _one(inputs, name)
+    return default if value is None else int(value)
+
+
+def _float(inputs: dict, name: str, default: float) -> float:
+    value = _one(inputs, name)
+    if value is None:
+        return default
+    value = float(value)
+    if not math.isfinite(value):
+        raise InvalidInput(f"{name}: must be a finite number, got {value}")
+    return value
+
+
+def _text(value, name: str) -> str:
+    if isinstance(value, bytes | np.bytes_):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidInput(f"{name}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    if isinstance(value, str):
+        return value
+    raise InvalidInput(f"{name}: expected text (BYTES), got {type(value).__name__}")
+
+
+def _sampling(inputs: dict, names: dict[str, str]) -> SamplingParams:
+    """names maps SamplingParams fields to this model's input names."""
+    params = SamplingParams(
+        temperature=_float(inputs, names["temperature"], 0.0),
+        top_k=_int(inputs, names["top_k"], 0),
+        top_p=_float(inputs, names["top_p"], 1.0),
+        seed=_int(inputs, names["seed"], 0),
+    )
+    try:
+        params.validate()
+    except SamplingError as err:
+        raise InvalidInput(f"{names[err.field]}: {err.reason}") from None
+    return params
+
+
+_ENSEMBLE_SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "seed": "seed"}
+_ENGINE_SAMPLING = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed"}
+
+
+# --- preprocessing -----------------------------------------------------------------------------
+@dataclass
+class PreprocessRequest:
+    text: str
+    max_tokens: int
+    stop_words: list[str]
+    end_id: int | None
+    apply_chat_template: bool
+
+
+def parse_preprocess(inputs: dict, profile: Profile) -> PreprocessRequest:
+    if "text_input" not in inputs:
+        raise InvalidInput("text_input: required")
+    text = _text(_one(inputs, "text_input"), "text_input")
+    if not text.strip():
+        raise InvalidInput("text_input: the prompt is empty")
+    if len(text.encode()) > profile.server.max_prompt_bytes:
+        raise InvalidInput(f"text_input: the prompt is larger than {profile.server.max_prompt_bytes} bytes")
+    max_tokens = _int(inputs, "max_tokens")
+    if max_tokens is None:
+        raise InvalidInput("max_tokens: required")
+    _check_max_tokens(max_tokens, profile)
+    stop_words = []
+    if "stop_words" in inputs:
+        for word in np.asarray(inputs["stop_words"]).reshape(-1):
+            word = _text(word, "stop_words")
+            if not word:
+                raise InvalidInput("stop_words: a stop word is empty")
+            stop_words.append(word)
+    apply = _one(inputs, "apply_chat_template")
+    return PreprocessRequest(
+        text=text,
+        max_tokens=max_tokens,
+        stop_words=stop_words,
+        end_id=_int(inputs, "end_id"),
+        apply_chat_template=profile.chat_template if apply is None else bool(apply),
+    )
+
+
+def _check_max_tokens(max_tokens: int, profile: Profile) -> None:
+    limit = min(profile.server.max_tokens_limit, profile.engine.max_seq_len - 1)
+    if not 1 <= max_tokens <= limit:
+        raise InvalidInput(f"max_tokens: must be between 1 and {limit}, got {max_tokens}")
+
+
+def check_context(prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
+    if prompt_tokens >= max_seq_len:
+        raise InvalidInput(f"text_input: the prompt is {prompt_tokens} tokens, the context holds {max_seq_len}")
+    if prompt_tokens + max_tokens > max_seq_len:
+        raise InvalidInput(
+            f"max_tokens: {prompt_tokens} prompt tokens + {max_tokens} new exceed the context of {max_seq_len} "
+            f"tokens; ask for at most {max_seq_len - prompt_tokens}"
+        )
+
+
+# --- spec_decode -------------------------------------------------------------------------------
+@dataclass
+class SpecDecodeRequest:
+    spec: RequestSpec
+    sampling: SamplingParams
+    proposer: str
+    stream: bool
+    seeded: bool
+
+
+def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDecodeRequest:
+    ids = np.asarray(inputs.get("input_ids", []))
+    if ids.ndim != 1 or ids.size == 0:
+        raise InvalidInput("input_ids: a non-empty list of token ids is required")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise InvalidInput(f"input_ids: token ids must be in [0, {vocab_size})")
+    length = _int(inputs, "input_lengths", len(ids))
+    if length != len(ids):
+        raise InvalidInput(f"input_lengths: {length} does not match the {len(ids)} input_ids")
+    max_tokens = _int(inputs, "max_tokens")
+    if max_tokens is None:
+        raise InvalidInput("max_tokens: required")
+    _check_max_tokens(max_tokens, profile)
+    check_context(len(ids), max_tokens, profile.engine.max_seq_len)
+
+    proposer = profile.speculation.proposer
+    if "draft_method" in inputs:
+        proposer = _text(_one(inputs, "draft_method"), "draft_method").strip()
+        if proposer not in PROPOSERS:
+            raise InvalidInput(f"draft_method: must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
+        if proposer == "draft_model" and profile.draft is None:
+            raise InvalidInput("draft_method: draft_model is not available, this deployment has no draft model")
+    spec_cfg = profile.speculation
+    k = _int(inputs, "num_draft_tokens", spec_cfg.num_draft_tokens)
+    if not 0 <= k <= spec_cfg.max_draft_tokens:
+        raise InvalidInput(f"num_draft_tokens: must be between 0 and {spec_cfg.max_draft_tokens}, got {k}")
+    if proposer == "none":
+        k = 0
+
+    stop_words: list[list[int]] = []
+    if "stop_words_list" in inputs:
+        arr = np.asarray(inputs["stop_words_list"])
+        if arr.ndim != 2 or arr.shape[0] != 2:
+            raise InvalidInput(f"stop_words_list: expected shape [2, N], got {list(arr.shape)}")
+        stop_words = stop_words_from_list(arr)
+    end_id = _int(inputs, "end_id")
+    params = _sampling(inputs, _ENSEMBLE_SAMPLING)
+    return SpecDecodeRequest(
+        spec=RequestSpec(
+            prompt_ids=ids.astype(np.int64).tolist(),
+            max_tokens=max_tokens,
+            num_draft_tokens=k,
+            end_id=end_id,
+            stop_words=tuple(tuple(w) for w in stop_words if w),
+        ),
+        sampling=params,
+        proposer=proposer,
+        stream=bool(_one(inputs, "stream", False)),
+        seeded="seed" in inputs,
+    )
+
+
+# --- engine models -----------------------------------------------------------------------------
+def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | None:
+    """The engine's GenerationRequest; None for a `stop` request (release request_id)."""
+    if bool(_one(inputs, "stop", False)):
+        return None
+    ids = np.asarray(inputs.get("input_ids", []))
+    if ids.ndim != 1 or ids.size == 0:
+        raise InvalidInput("input_ids: a non-empty list of token ids is required")
+    length = _int(inputs, "input_lengths", len(ids))
+    if not 1 <= length <= len(ids):
+        raise InvalidInput(f"input_lengths: must be between 1 and {len(ids)}, got {length}")
+    draft = inputs.get("draft_input_ids")
+    draft_logits = inputs.get("draft_logits")
+    return GenerationRequest(
+        input_ids=ids[:length].astype(np.int64),
+        max_new_tokens=_int(inputs, "request_output_len", 1),
+        draft_ids=None if draft is None or np.size(draft) == 0 else np.asarray(draft).reshape(-1).astype(np.int64),
+        draft_logits=None if draft_logits is None else np.asarray(draft_logits, dtype=np.float32),
+        sampling=_sampling(inputs, _ENGINE_SAMPLING),
+        end_id=_int(inputs, "end_id"),
+        sequence_key=request_id,
+        return_logits=bool(_one(inputs, "return_generation_logits", False)),
+    )
+
+
+def engine_outputs(result: GenerationResult, request: GenerationRequest, exclude_input: bool) -> dict[str, np.ndarray]:
+    """A GenerationResult in the TensorRT-LLM backend's output layout (batch 1, beam 1)."""
+    ids = result.tokens if exclude_input else np.concatenate([request.input_ids, result.tokens])
+    out = {
+        "output_ids": ids.astype(np.int32)[None, None],
+        "sequence_length": np.array([[len(ids)]], dtype=np.int32),
+        "total_draft_tokens": np.array([[result.num_draft]], dtype=np.int32),
+        "total_accepted_draft_tokens": np.array([[result.num_accepted]], dtype=np.int32),
+        "acceptance_rate": np.array([[result.num_accepted / result.num_draft if result.num_draft else 0.0]], np.float32),
+    }
+    if result.logits is not None:
+        out["generation_logits"] = result.logits.astype(np.float32)[None, None]
+    return out
+
+
+def empty_engine_outputs() -> dict[str, np.ndarray]:
+    """The answer to a `stop` request."""
+    return {
+        "output_ids": np.zeros((1, 1, 0), dtype=np.int32),
+        "sequence_length": np.zeros((1, 1), dtype=np.int32),
+    }
+
+
+DETOKENIZE_CONTEXT = 8  # already-sent tokens repeated so a split UTF-8 character can be completed
+
+
+def spec_decode_outputs(sent: list[int], new: list[int], final: bool, stats: AcceptanceStats) -> dict[str, np.ndarray]:
+    """One spec_decode response: a window of recent tokens for postprocessing, and the request's
+    acceptance so far."""
+    context = sent[-DETOKENIZE_CONTEXT:]
+    return {
+        "output_ids": np.array([context + new], dtype=np.int32),
+        "context_length": np.array([[len(context)]], dtype=np.int32),
+        "is_final": np.array([[final]], dtype=np.bool_),
+        "total_draft_tokens": np.array([[stats.draft_tokens]], dtype=np.int32),
+        "total_accepted_draft_tokens": np.array([[stats.accepted_tokens]], dtype=np.int32),
+        "acceptance_rate": np.array([[stats.acceptance_rate]], dtype=np.float32),
+    }

@@ -1,0 +1,87 @@
+"""Draft verification: greedy acceptance and the modified rejection sampler. Pure tensor code.
+
+Shapes (B sequences, K = the longest draft in the batch, V vocabulary):
+    draft_ids      (B, K)      int64, padded past num_draft[b] with any valid id
+    num_draft      (B,)        int64, 0 <= num_draft[b] <= K
+    target_logits  (B, K+1, V) greedy: the target's logits at each draft position and one more
+    target_probs   (B, K+1, V) sampling: p after temperature / top-k / top-p
+    draft_probs    (B, K, V)   sampling with a stochastic proposer: q, same processing; None
+                               for a deterministic proposer (q is one-hot on the draft token)
+    uniform        (B, K)      U[0,1) coins for the stochastic accept test
+    noise          (B, K+1, V) Exp(1) noise; argmax(p / noise) is a sample from p
+
+Result: Verdict.num_accepted (B,) and Verdict.tokens (B, K+1): the accepted drafts, then one
+corrected (first rejection) or bonus (all accepted) token, then -1 padding.
+
+Rejection sampling (Leviathan et al. 2023; Chen et al. 2023): accept x_i with probability
+min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a sample of norm(max(0, p_i - q_i));
+if all are accepted emit a bonus sample of p_{k+1}. The emitted sequence is distributed as p.
+
+For one-hot q this is implemented by coupling: draw y_i ~ p_i with the position's noise and
+accept iff y_i == x_i. P(accept) = p_i(x_i) = min(1, p/q), and on rejection y_i is distributed as
+p_i restricted to tokens != x_i, which is norm(max(0, p_i - onehot(x_i))). Because y_i is the very
+token plain sampling draws at that position, a seeded request gives identical tokens with and
+without speculation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+@dataclass
+class Verdict:
+    num_accepted: torch.Tensor  # (B,) int64
+    tokens: torch.Tensor  # (B, K+1) int64, -1 after the emitted tokens
+
+    def emitted(self, b: int) -> list[int]:
+        return self.tokens[b, : int(self.num_accepted[b]) + 1].tolist()
+
+
+def _assemble(draft_ids: torch.Tensor, num_draft: torch.Tensor, accepted: torch.Tensor, fix: torch.Tensor) -> Verdict:
+    """accepted (B, K) per-position tests; fix (B, K+1) the token to emit if the first rejection
+    (or the bonus, at index num_draft) falls at that index."""
+    batch, k = draft_ids.shape
+    in_draft = torch.arange(k, device=draft_ids.device)[None, :] < num_draft[:, None]
+    run = (accepted & in_draft).long().cumprod(dim=1)  # 1 while every draft so far was accepted
+    num_accepted = run.sum(dim=1)
+    idx = torch.arange(k + 1, device=draft_ids.device)[None, :]
+    padded = torch.cat([draft_ids, torch.zeros(batch, 1, dtype=draft_ids.dtype, device=draft_ids.device)], dim=1)
+    last = fix.gather(1, num_accepted[:, None])
+    tokens = torch.where(idx < num_accepted[:, None], padded, torch.where(idx == num_accepted[:, None], last, -1))
+    return Verdict(num_accepted=num_accepted, tokens=tokens)
+
+
+def greedy_verify(target_logits: torch.Tensor, draft_ids: torch.Tensor, num_draft: torch.Tensor) -> Verdict:
+    """Temperature 0: accept while the draft equals the target's argmax, then emit the argmax."""
+    best = target_logits.argmax(dim=-1)  # (B, K+1)
+    return _assemble(draft_ids, num_draft, draft_ids == best[:, :-1], best)
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_ids: torch.Tensor,
+    num_draft: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    uniform: torch.Tensor,
+    noise: torch.Tensor,
+) -> Verdict:
+    own_sample = (target_probs / noise.clamp_min(_TINY)).argmax(dim=-1)  # (B, K+1): y_i ~ p_i
+    if draft_probs is None:
+        return _assemble(draft_ids, num_draft, draft_ids == own_sample[:, :-1], own_sample)
+
+    k = draft_ids.shape[1]
+    p_x = target_probs[:, :k].gather(-1, draft_ids[..., None]).squeeze(-1)
+    q_x = draft_probs.gather(-1, draft_ids[..., None]).squeeze(-1)
+    accepted = uniform * q_x < p_x  # u < p/q, without dividing by a q that may be 0
+    residual = (target_probs[:, :k] - draft_probs).clamp_min(0.0)
+    residual_sample = (residual / noise[:, :k].clamp_min(_TINY)).argmax(dim=-1)
+    # Where p == q the residual is empty and a rejection has probability 0; keep a valid token.
+    residual_sample = torch.where(residual.amax(dim=-1) > 0, residual_sample, own_sample[:, :k])
+    in_draft = torch.arange(k + 1, device=draft_ids.device)[None, :] < num_draft[:, None]
+    fix = torch.where(in_draft, torch.cat([residual_sample, own_sample[:, k:]], dim=1), own_sample)
+    return _assemble(draft_ids, num_draft, accepted, fix)
