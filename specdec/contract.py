@@ -58,6 +58,8 @@ ENSEMBLE_OUTPUTS: dict[str, np.dtype] = {
     "text_output": np.object_,
     "total_draft_tokens": np.int32,
     "total_accepted_draft_tokens": np.int32,
+    "total_draft_rounds": np.int32,  # verification rounds that carried drafts: mean accepted length
+    "num_output_tokens": np.int32,  # tokens generated so far
     "acceptance_rate": np.float32,
 }
 
@@ -82,6 +84,7 @@ SPEC_DECODE_OUTPUTS: dict[str, np.dtype] = {
     "is_final": np.bool_,  # [1]
     "total_draft_tokens": np.int32,
     "total_accepted_draft_tokens": np.int32,
+    "total_draft_rounds": np.int32,
     "acceptance_rate": np.float32,
 }
 

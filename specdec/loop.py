@@ -127,9 +127,19 @@ def fixed_k(gen: Generation) -> int:
     return gen.draft_budget(gen.spec.num_draft_tokens)
 
 
-async def run(gen: Generation, propose: Proposer, verify: Verifier, choose_k: ChooseK = fixed_k) -> AsyncIterator[list[int]]:
-    """Yield each round's new tokens until the request finishes."""
+async def run(
+    gen: Generation,
+    propose: Proposer,
+    verify: Verifier,
+    choose_k: ChooseK = fixed_k,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> AsyncIterator[list[int]]:
+    """Yield each round's new tokens until the request finishes or is cancelled (checked before
+    each round, so a cancelled request costs at most the round already running)."""
     while not gen.finished:
+        if cancelled():
+            gen.finish_reason = "cancelled"
+            return
         k = choose_k(gen)
         draft = await propose(list(gen.tokens), k) if k > 0 else NO_DRAFT
         new = await verify(list(gen.tokens), draft)

@@ -50,7 +50,11 @@ def find_triton(build_dir: Path) -> TritonInstall:
         raise ServerError(f"nvidia-pytriton ships no Python backend stub for Python {version}")
     backend = build_dir / "backends" / "python"
     backend.mkdir(parents=True, exist_ok=True)
-    for src in (root / "backends/python/libtriton_python.so", root / "backends/python/triton_python_backend_utils.py", stub):
+    for src in (
+        root / "backends/python/libtriton_python.so",
+        root / "backends/python/triton_python_backend_utils.py",
+        stub,
+    ):
         dst = backend / src.name
         if not dst.exists() or dst.stat().st_size != src.stat().st_size:
             shutil.copy2(src, dst)
@@ -77,7 +81,9 @@ class Ports:
 class TritonServer:
     """A tritonserver serving the profile's rendered repository. Use as a context manager."""
 
-    def __init__(self, profile: Profile, host: str | None = None, ports: Ports | None = None, log_file: Path | None = None):
+    def __init__(
+        self, profile: Profile, host: str | None = None, ports: Ports | None = None, log_file: Path | None = None
+    ):
         self.profile = profile
         self.host = host or profile.server.host
         s = profile.server
@@ -152,10 +158,9 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
             time.sleep(0.5)
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s\n{self.log_tail()}")
 
@@ -193,3 +198,30 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def embedded_server(profile: Profile, url: str | None = None, build_first: bool = True):
+    """Yield (grpc_url, http_url, server or None): the given server, or else a server for the
+    profile started for the duration of the block (on free ports, so it never collides with a
+    server already running)."""
+    if url:
+        yield url, None, None
+        return
+    from specdec.build import build
+    from specdec.progress import console
+
+    if build_first:
+        build(profile)
+    server = TritonServer(profile, ports=Ports.free(profile.server.host))
+    with console.status("starting tritonserver (models load and warm up)..."):
+        server.start()
+        try:
+            server.wait_ready()
+        except BaseException:
+            server.stop()
+            raise
+    try:
+        yield server.grpc_url, server.http_url, server
+    finally:
+        server.stop()

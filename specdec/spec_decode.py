@@ -14,6 +14,7 @@ import contextlib
 import logging
 import secrets
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,9 +23,16 @@ import numpy as np
 
 from specdec import loop
 from specdec.config import Profile
+from specdec.engine.engine import Engine
 from specdec.proposers import NgramProposer
 from specdec.sampling import SamplingParams, derive_seed
-from specdec.triton_io import SpecDecodeRequest
+from specdec.triton_io import (
+    InvalidInput,
+    SpecDecodeRequest,
+    empty_engine_outputs,
+    engine_outputs,
+    parse_engine_request,
+)
 
 log = logging.getLogger("specdec.spec_decode")
 
@@ -127,26 +135,43 @@ class SpecDecodeService:
         ngram = profile.speculation.ngram
         self.ngram = NgramProposer(ngram.min_n, ngram.max_n)
         self.metrics = metrics or NoMetrics()
-        # Admission: no more sequences in flight than the engines hold KV slots for.
+        # Admission: no more sequences in flight than the engines hold KV slots for; a bounded
+        # FIFO queue behind them; beyond it, an immediate refusal.
         self.max_inflight = min(profile.server.max_inflight, profile.engine.kv_slots)
-        self._slots = asyncio.Semaphore(self.max_inflight)
-        self._waiting = 0
+        self.active = 0
+        self._queue: deque[asyncio.Future] = deque()
 
     @contextlib.asynccontextmanager
     async def _admitted(self):
-        if self._slots.locked() and self._waiting >= self.profile.server.max_queue:
-            raise Overloaded(
-                f"server busy: {self.max_inflight} requests in flight and {self._waiting} queued; retry later"
-            )
-        self._waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self._waiting -= 1
+        if self.active < self.max_inflight:
+            self.active += 1
+        else:
+            if len(self._queue) >= self.profile.server.max_queue:
+                raise Overloaded(
+                    f"server busy: {self.active} requests in flight and {len(self._queue)} queued; retry later"
+                )
+            place = asyncio.get_running_loop().create_future()
+            self._queue.append(place)
+            try:
+                await place  # a finishing request hands its place over
+            except asyncio.CancelledError:
+                if not place.done():
+                    self._queue.remove(place)
+                    raise
+                self._hand_over()
+                raise
         try:
             yield
         finally:
-            self._slots.release()
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        while self._queue:
+            place = self._queue.popleft()
+            if not place.done():
+                place.set_result(None)
+                return
+        self.active -= 1
 
     def _proposer(self, name: str, sampling: SamplingParams, key: str, end_id: int | None) -> loop.Proposer:
         if name == "ngram":
@@ -174,7 +199,9 @@ class SpecDecodeService:
 
         return none
 
-    async def serve(self, req: SpecDecodeRequest, is_cancelled: Callable[[], bool] = lambda: False) -> AsyncIterator[Chunk]:
+    async def serve(
+        self, req: SpecDecodeRequest, is_cancelled: Callable[[], bool] = lambda: False
+    ) -> AsyncIterator[Chunk]:
         """Run one request; yield its chunks (the last has final=True). Stops within one round
         of a cancellation; always releases the engines' caches for the sequence."""
         sampling = req.sampling
@@ -189,16 +216,21 @@ class SpecDecodeService:
             ids, _ = await self.target.generate(tokens, len(draft.ids) + 1, sampling, key, end_id, draft)
             return ids
 
+        # The final chunk goes out only after the engines released the sequence: a client that
+        # saw its last response never races the cleanup (nor a server shutdown with it).
+        final = Chunk([], True, gen)
         async with self._admitted():
             try:
-                async for new in loop.run(gen, propose, verify):
+                async for new in loop.run(gen, propose, verify, cancelled=is_cancelled):
                     self.metrics.round(req.proposer, gen.stats.last_draft, gen.stats.last_accepted)
-                    if is_cancelled():
-                        gen.finish_reason = "cancelled"
-                    yield Chunk(new, gen.finished, gen)
+                    if gen.finished:
+                        final = Chunk(new, True, gen)
+                    else:
+                        yield Chunk(new, False, gen)
             finally:
                 await self._release(key, draft_used=req.proposer == "draft_model")
                 self.metrics.finished(req.proposer, gen.finish_reason or "error", len(gen.generated))
+        yield final
 
     async def _release(self, key: str, draft_used: bool) -> None:
         clients = [self.target] + ([self.draft] if draft_used and self.draft else [])
@@ -207,3 +239,39 @@ class SpecDecodeService:
                 await client.release(key)
             except Exception as err:  # releasing is best effort; LRU eviction reclaims the slot
                 log.warning("could not release %s on %s: %s", key, client.model, err)
+
+
+def local_call(engines: dict[str, Engine]) -> EngineCall:
+    """An EngineCall that runs engines in this process, through the same request parsing and
+    response layout as the Triton engine model, batching the calls that arrive together (as
+    Triton's dynamic batcher does): the service without a server, for tests and benchmarks."""
+    pending: dict[str, list] = {name: [] for name in engines}
+
+    def flush(model: str) -> None:
+        batch, pending[model] = pending[model], []
+        results = engines[model].generate([req for req, _, _ in batch])
+        for (req, exclude, future), result in zip(batch, results, strict=True):
+            if isinstance(result, Exception):
+                future.set_exception(EngineError(f"{model}: {result}"))
+            else:
+                future.set_result(engine_outputs(result, req, exclude))
+
+    async def call(
+        model: str, inputs: dict[str, np.ndarray], outputs: list[str], request_id: str
+    ) -> dict[str, np.ndarray]:
+        arrays = {name: np.asarray(arr)[0] for name, arr in inputs.items()}  # drop the batch dim
+        try:
+            req = parse_engine_request(arrays, request_id)
+        except InvalidInput as err:
+            raise EngineError(f"{model}: {err}") from None
+        if req is None:
+            engines[model].release(request_id)
+            return empty_engine_outputs()
+        future = asyncio.get_running_loop().create_future()
+        if not pending[model]:
+            asyncio.get_running_loop().call_soon(flush, model)
+        pending[model].append((req, bool(arrays.get("exclude_input_in_output", False)), future))
+        out = await future
+        return {name: out[name] for name in outputs}
+
+    return call

@@ -37,7 +37,9 @@ class TextTokenizer:
         source = self.config.get("chat_template")
         if not source:
             return None
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         return env.from_string(source)
 
     @property

@@ -240,7 +240,9 @@ def engine_outputs(result: GenerationResult, request: GenerationRequest, exclude
         "sequence_length": np.array([[len(ids)]], dtype=np.int32),
         "total_draft_tokens": np.array([[result.num_draft]], dtype=np.int32),
         "total_accepted_draft_tokens": np.array([[result.num_accepted]], dtype=np.int32),
-        "acceptance_rate": np.array([[result.num_accepted / result.num_draft if result.num_draft else 0.0]], np.float32),
+        "acceptance_rate": np.array(
+            [[result.num_accepted / result.num_draft if result.num_draft else 0.0]], np.float32
+        ),
     }
     if result.logits is not None:
         out["generation_logits"] = result.logits.astype(np.float32)[None, None]
@@ -268,5 +270,7 @@ def spec_decode_outputs(sent: list[int], new: list[int], final: bool, stats: Acc
         "is_final": np.array([[final]], dtype=np.bool_),
         "total_draft_tokens": np.array([[stats.draft_tokens]], dtype=np.int32),
         "total_accepted_draft_tokens": np.array([[stats.accepted_tokens]], dtype=np.int32),
+        "total_draft_rounds": np.array([[stats.drafts]], dtype=np.int32),
+        "num_output_tokens": np.array([[len(sent) + len(new)]], dtype=np.int32),
         "acceptance_rate": np.array([[stats.acceptance_rate]], dtype=np.float32),
     }

@@ -61,6 +61,17 @@ class _Seq:
     done: bool = False
 
 
+def _set_threads(threads: int | None) -> None:
+    """numba runs the heavy kernels on `threads` cores (default: all). torch only does small
+    glue ops here; one thread keeps its OpenMP pool from competing with numba's."""
+    import os
+
+    import numba
+
+    torch.set_num_threads(1)
+    numba.set_num_threads(min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
+
+
 class Engine:
     def __init__(
         self,
@@ -72,21 +83,24 @@ class Engine:
         max_seq_len: int = 2048,
         threads: int | None = None,
     ):
-        if threads:
-            torch.set_num_threads(threads)
-            import numba
-
-            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        _set_threads(threads)
         self.model = Llama(Path(model_dir), device=device, dtype=dtype)
         self.max_seq_len = min(max_seq_len, self.model.cfg.max_position_embeddings)
         self.cache = self.model.new_cache(kv_slots, self.max_seq_len)
         self.slots = SlotTable(kv_slots)
         self.vocab_size = self.model.cfg.vocab_size
         self.device = self.model.device
+        self.max_batch_seen = 0  # largest number of requests served by one generate() call
+
+    def warmup(self) -> None:
+        """Run a tiny generation so kernels are compiled (or loaded from numba's cache) before
+        the first real request, not during it."""
+        self.generate([GenerationRequest(np.array([0, 1], dtype=np.int64), max_new_tokens=2, draft_ids=np.array([1]))])
 
     # ------------------------------------------------------------------ public API
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult | Exception]:
         results: list[GenerationResult | Exception] = [RuntimeError("not run")] * len(requests)
+        self.max_batch_seen = max(self.max_batch_seen, len(requests))
         seqs: list[_Seq] = []
         busy: set[int] = set()
         for i, req in enumerate(requests):
@@ -172,7 +186,9 @@ class Engine:
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
-        logits = self.model.forward(self.cache, tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows))
+        logits = self.model.forward(
+            self.cache, tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows)
+        )
         offset = 0
         for s, d in zip(seqs, drafts, strict=True):
             rows = logits[offset : offset + len(d) + 1]

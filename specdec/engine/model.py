@@ -119,7 +119,9 @@ class Llama:
                     wqkv=torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
                     wo=take(p + "self_attn.o_proj.weight"),
                     mlp_norm=take(p + "post_attention_layernorm.weight"),
-                    w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).contiguous(),
+                    w_gate_up=torch.cat(
+                        [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
+                    ).contiguous(),
                     w_down=take(p + "mlp.down_proj.weight"),
                 )
             )

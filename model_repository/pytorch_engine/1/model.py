@@ -28,6 +28,7 @@ class TritonPythonModel:
     def initialize(self, args):
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.engine = Engine(params["model_dir"], **json.loads(params["engine_options"]))
+        self.engine.warmup()
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -47,9 +48,13 @@ class TritonPythonModel:
             batch.append((parsed, exclude))
             where.append(i)
         results = self.engine.generate([req for req, _ in batch]) if batch else []
-        for i, (req, exclude), result in zip(where, batch, results):
+        for i, (req, exclude), result in zip(where, batch, results, strict=True):
             if isinstance(result, Exception):
-                code = pb_utils.TritonError.INVALID_ARG if isinstance(result, ValueError) else pb_utils.TritonError.UNAVAILABLE
+                code = (
+                    pb_utils.TritonError.INVALID_ARG
+                    if isinstance(result, ValueError)
+                    else pb_utils.TritonError.UNAVAILABLE
+                )
                 responses[i] = _error(str(result), code)
             else:
                 responses[i] = _response(engine_outputs(result, req, exclude))

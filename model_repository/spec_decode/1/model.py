@@ -3,7 +3,6 @@
 import asyncio
 import json
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specdec.config import load_profile
@@ -106,11 +105,20 @@ class TritonPythonModel:
                     sent += pending
                     pending = []
         except InvalidInput as err:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)),
+                flags=FINAL,
+            )
         except Overloaded as err:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.UNAVAILABLE)), flags=FINAL)
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.UNAVAILABLE)),
+                flags=FINAL,
+            )
         except EngineError as err:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INTERNAL)), flags=FINAL)
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INTERNAL)),
+                flags=FINAL,
+            )
         except Exception as err:  # a bug must not leave the client waiting forever
             pb_utils.Logger.log_error(f"spec_decode: {type(err).__name__}: {err}")
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {err}")), flags=FINAL)

@@ -1,0 +1,232 @@
+"""Clients for the served models, timestamping every streamed chunk.
+
+- `TritonClient.generate`: text in, text out, through the `ensemble` (gRPC streaming, asyncio);
+- `TritonClient.generate_ids`: token ids in, token ids out, through `spec_decode` directly (what
+  the exactness checks compare);
+- `http_generate`: the same ensemble over HTTP `generate` / `generate_stream` (SSE).
+Every call returns a Record with the arrival time of each chunk, for latency metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+
+import numpy as np
+
+from specdec.contract import ENSEMBLE_INPUTS, SPEC_DECODE_INPUTS
+
+TOTALS = ("total_draft_tokens", "total_accepted_draft_tokens", "total_draft_rounds", "num_output_tokens")
+
+
+@dataclass
+class GenerationParams:
+    max_tokens: int = 64
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    num_draft_tokens: int | None = None  # None: the profile's default; 0: speculation off
+    draft_method: str | None = None  # draft_model | ngram | none; None: the profile's
+    stop_words: list[str] | None = None
+    end_id: int | None = None
+    apply_chat_template: bool | None = None
+
+    def tensors(self) -> dict[str, object]:
+        """The optional ensemble inputs this request sets (absent ones take server defaults)."""
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        out.pop("stop_words", None)
+        if self.stop_words:
+            out["stop_words"] = self.stop_words
+        return out
+
+
+@dataclass
+class Record:
+    """One request as the client saw it."""
+
+    start: float  # time.perf_counter() when sent
+    chunks: list[tuple[float, str | list[int]]] = field(default_factory=list)  # (arrival, text or ids)
+    end: float = 0.0
+    total_draft_tokens: int = 0
+    total_accepted_draft_tokens: int = 0
+    total_draft_rounds: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(c for _, c in self.chunks if isinstance(c, str))
+
+    @property
+    def ids(self) -> list[int]:
+        return [t for _, c in self.chunks if isinstance(c, list) for t in c]
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.total_accepted_draft_tokens / self.total_draft_tokens if self.total_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per drafted round: accepted / rounds + 1."""
+        return self.total_accepted_draft_tokens / self.total_draft_rounds + 1 if self.total_draft_rounds else 1.0
+
+    def take_totals(self, get) -> None:
+        """Acceptance totals from a response; get(name) returns the output's value or None."""
+        for name in TOTALS:
+            value = get(name)
+            if value is not None:
+                setattr(self, name, int(value))
+
+
+def _array(name: str, value, dtypes: dict) -> np.ndarray:
+    dtype = dtypes[name]
+    if dtype is np.object_:
+        items = value if isinstance(value, list) else [value]
+        return np.array([[s.encode("utf-8") if isinstance(s, str) else s for s in items]], dtype=np.object_)
+    if isinstance(value, list | np.ndarray):
+        return np.asarray(value, dtype=dtype)[None]
+    return np.array([[value]], dtype=dtype)
+
+
+def _triton_dtype(arr: np.ndarray) -> str:
+    from tritonclient.utils import np_to_triton_dtype
+
+    return np_to_triton_dtype(arr.dtype)
+
+
+class TritonClient:
+    """Async gRPC client (streaming API: the served models are decoupled)."""
+
+    def __init__(self, url: str = "127.0.0.1:8001"):
+        import tritonclient.grpc.aio as grpcclient
+
+        self._grpc = grpcclient
+        self.client = grpcclient.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> TritonClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _inputs(self, values: dict[str, object], dtypes: dict) -> list:
+        inputs = []
+        for name, value in values.items():
+            arr = _array(name, value, dtypes)
+            tensor = self._grpc.InferInput(name, list(arr.shape), _triton_dtype(arr))
+            tensor.set_data_from_numpy(arr)
+            inputs.append(tensor)
+        return inputs
+
+    async def _stream(self, model: str, inputs: list, outputs: list[str]) -> AsyncIterator:
+        """Yield InferResult objects of one request until its final response."""
+
+        async def requests():
+            yield {
+                "model_name": model,
+                "inputs": inputs,
+                "outputs": [self._grpc.InferRequestedOutput(o) for o in outputs],
+                "enable_empty_final_response": True,
+            }
+
+        # Read the stream to its end (the server closes it after the final response): a stream
+        # dropped half-read is cancelled, and Triton 2.51 then never lets its model unload.
+        failure = None
+        async for result, error in self.client.stream_infer(requests()):
+            if error is not None:
+                failure = failure or str(error)
+            elif result.get_response().outputs:
+                yield result
+        if failure:
+            raise RuntimeError(failure)
+
+    async def generate(
+        self, prompt: str, params: GenerationParams, stream: bool = True, on_chunk: Callable[[str], None] | None = None
+    ) -> Record:
+        """Text through the ensemble; on_chunk(text) is called as each chunk arrives."""
+        values = {"text_input": prompt, "stream": stream, **params.tensors()}
+        inputs = self._inputs(values, ENSEMBLE_INPUTS)
+        outputs = ["text_output", *TOTALS]
+        record = Record(start=time.perf_counter())
+        try:
+            async for result in self._stream("ensemble", inputs, outputs):
+                text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
+                record.chunks.append((time.perf_counter(), text))
+                if on_chunk is not None:
+                    on_chunk(text)
+                record.take_totals(partial(_output, result))
+        except RuntimeError as err:
+            record.error = str(err)
+        record.end = time.perf_counter()
+        return record
+
+    async def generate_ids(self, input_ids: list[int], params: GenerationParams, stream: bool = True) -> Record:
+        """Token ids through spec_decode directly (no tokenizer in the way)."""
+        values = {"input_ids": list(input_ids), "stream": stream, **params.tensors()}
+        for name in ("stop_words", "apply_chat_template"):
+            values.pop(name, None)
+        inputs = self._inputs(values, SPEC_DECODE_INPUTS)
+        outputs = ["output_ids", "context_length", *TOTALS]
+        record = Record(start=time.perf_counter())
+        try:
+            async for result in self._stream("spec_decode", inputs, outputs):
+                window = result.as_numpy("output_ids").reshape(-1).tolist()
+                context = int(result.as_numpy("context_length").reshape(-1)[0])
+                record.chunks.append((time.perf_counter(), window[context:]))
+                record.take_totals(partial(_output, result))
+        except RuntimeError as err:
+            record.error = str(err)
+        record.end = time.perf_counter()
+        return record
+
+
+async def http_generate(url: str, prompt: str, params: GenerationParams, stream: bool = False) -> Record:
+    """The ensemble over HTTP: POST .../generate (one JSON answer) or .../generate_stream (SSE)."""
+    import aiohttp
+
+    body = {"text_input": prompt, "stream": stream, **params.tensors()}
+    endpoint = "generate_stream" if stream else "generate"
+    record = Record(start=time.perf_counter())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"http://{url}/v2/models/ensemble/{endpoint}", json=body) as resp,
+    ):
+        if resp.status != 200:
+            record.error = (await resp.text()).strip()
+        elif not stream:
+            _add_chunk(record, await resp.json())
+        else:
+            async for line in resp.content:
+                line = line.decode("utf-8").strip()
+                if line.startswith("data:"):
+                    data = json.loads(line[5:])
+                    if "error" in data:
+                        record.error = data["error"]
+                        break
+                    _add_chunk(record, data)
+    record.end = time.perf_counter()
+    return record
+
+
+def _add_chunk(record: Record, data: dict) -> None:
+    record.chunks.append((time.perf_counter(), data.get("text_output", "")))
+    record.take_totals(data.get)
+
+
+def _output(result, name: str):
+    """The scalar value of an output of an InferResult, or None when absent."""
+    arr = result.as_numpy(name)
+    return None if arr is None else arr.reshape(-1)[0]
+
+
+def run(coro):
+    """asyncio.run for the synchronous entry points."""
+    return asyncio.run(coro)

@@ -1,0 +1,110 @@
+"""Shared fixtures: tiny random Llama checkpoints, the embedded build, a real tritonserver."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 96,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "eos_token_id": 1,
+}
+
+
+def write_tiny_llama(path: Path, seed: int = 0, scale: float = 1.0, **overrides) -> Path:
+    """A random-weight Llama in Hugging Face layout. Exactness must hold for any weights, so
+    these are honest tests of the loop; scale sharpens (large) or flattens (small) the logits."""
+    cfg = {**TINY, **overrides, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    g = torch.Generator().manual_seed(seed)
+    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd, h, kv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def w(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * (scale / shape[-1] ** 0.5)
+
+    sd = {
+        "model.embed_tokens.weight": torch.randn(v, d, generator=g),
+        "model.norm.weight": 1 + 0.1 * torch.randn(d, generator=g),
+    }
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        sd |= {
+            p + "input_layernorm.weight": 1 + 0.1 * torch.randn(d, generator=g),
+            p + "post_attention_layernorm.weight": 1 + 0.1 * torch.randn(d, generator=g),
+            p + "self_attn.q_proj.weight": w(h * hd, d),
+            p + "self_attn.k_proj.weight": w(kv * hd, d),
+            p + "self_attn.v_proj.weight": w(kv * hd, d),
+            p + "self_attn.o_proj.weight": w(d, h * hd),
+            p + "mlp.gate_proj.weight": w(f, d),
+            p + "mlp.up_proj.weight": w(f, d),
+            p + "mlp.down_proj.weight": w(d, f),
+        }
+    if not cfg["tie_word_embeddings"]:
+        sd["lm_head.weight"] = w(v, d) * 4
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: t.contiguous() for k, t in sd.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "target", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory) -> Path:
+    """Same vocabulary, one layer, different weights: a cheap, often-wrong draft."""
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "draft", seed=1, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="session")
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+# --- the real model and server ------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def embedded_profile():
+    from specdec.build import build
+    from specdec.config import load_profile
+
+    profile = load_profile()
+    build(profile)
+    return profile
+
+
+@pytest.fixture(scope="session")
+def smollm_dir(embedded_profile) -> Path:
+    return embedded_profile.model_dir("target")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm_dir):
+    from specdec.tokenizer import TextTokenizer
+
+    return TextTokenizer(smollm_dir)
+
+
+@pytest.fixture(scope="session")
+def server(embedded_profile):
+    """One real tritonserver for the whole session, on free ports of 127.0.0.1."""
+    from specdec.serve import Ports, TritonServer
+
+    with TritonServer(embedded_profile, ports=Ports.free()) as srv:
+        yield srv

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec.proposers import NgramProposer
+
+
+def test_proposes_what_followed_the_longest_earlier_match():
+    ngram = NgramProposer(1, 3)
+    tokens = np.array([1, 2, 3, 4, 5, 9, 9, 2, 3, 4])
+    assert ngram.propose(tokens, 3).tolist() == [5, 9, 9]  # "2 3 4" matched, then 5 9 9
+
+
+def test_most_recent_occurrence_wins():
+    tokens = np.array([7, 1, 7, 2, 7])
+    assert NgramProposer(1, 1).propose(tokens, 1).tolist() == [2]
+
+
+def test_no_match_proposes_nothing():
+    assert NgramProposer(2, 3).propose(np.array([1, 2, 3, 4]), 4).tolist() == []
+
+
+def test_proposal_is_cut_at_the_end_of_the_sequence():
+    assert NgramProposer(1, 2).propose(np.array([5, 6, 8, 5, 6]), 5).tolist() == [8, 5, 6]
+
+
+def test_zero_tokens_and_tiny_sequences():
+    ngram = NgramProposer(1, 4)
+    assert ngram.propose(np.array([3]), 4).tolist() == []
+    assert ngram.propose(np.array([3, 3]), 0).tolist() == []
+    assert ngram.propose(np.array([3, 3]), 2).tolist() == [3]
+
+
+def test_rejects_bad_bounds():
+    with pytest.raises(ValueError):
+        NgramProposer(3, 2)

@@ -1,0 +1,202 @@
+"""The real thing: tritonserver serving SmolLM2-135M on 127.0.0.1, tritonclient over sockets.
+
+Greedy speculation must give exactly the tokens of plain decoding and of an independent
+reference (Hugging Face transformers' greedy generate on the same weights), for every proposer,
+draft length and with 8 requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from prompts import PROMPTS
+
+from specdec.client.client import GenerationParams, TritonClient, http_generate
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return [tokenizer.encode(tokenizer.chat_prompt(text)) for text, _ in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm_dir, prompt_ids, tokenizer):
+    """transformers' greedy decoding: another implementation of the same model."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(smollm_dir, dtype=torch.float32)
+    out = []
+    with torch.inference_mode():
+        for ids, (_, max_tokens) in zip(prompt_ids, PROMPTS, strict=True):
+            seq = hf.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False,
+                              eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id)  # fmt: skip
+            tokens = seq[0, len(ids) :].tolist()
+            out.append(tokens[:-1] if tokens and tokens[-1] == tokenizer.eos_id else tokens)
+    return out
+
+
+def generate_all(server, prompt_ids, params_list, in_flight=8):
+    """Token ids for every (prompt, params), at most `in_flight` requests at once."""
+
+    async def main():
+        gate = asyncio.Semaphore(in_flight)
+        async with TritonClient(server.grpc_url) as client:
+
+            async def one(ids, params):
+                async with gate:
+                    return await client.generate_ids(ids, params)
+
+            return await asyncio.gather(*(one(ids, p) for ids, p in zip(prompt_ids, params_list, strict=True)))
+
+    return asyncio.run(main())
+
+
+def _params(k: int, method: str, tokenizer) -> list[GenerationParams]:
+    return [
+        GenerationParams(max_tokens=n, num_draft_tokens=k, draft_method=method, end_id=tokenizer.eos_id)
+        for _, n in PROMPTS
+    ]
+
+
+def test_plain_decoding_through_the_server_matches_the_reference(server, prompt_ids, reference, tokenizer):
+    records = generate_all(server, prompt_ids, _params(0, "none", tokenizer))
+    assert [r.error for r in records] == [None] * len(PROMPTS)
+    assert [r.ids for r in records] == reference
+    assert any(len(ids) == n for ids, (_, n) in zip(reference, PROMPTS, strict=True))  # some hit max_tokens
+    assert any(len(ids) < n for ids, (_, n) in zip(reference, PROMPTS, strict=True))  # some stop at EOS
+
+
+@pytest.mark.parametrize(("method", "k"), list(itertools.product(["ngram", "draft_model"], [1, 3, 5, 8])))
+def test_greedy_speculation_is_exact(server, prompt_ids, reference, tokenizer, method, k):
+    records = generate_all(server, prompt_ids, _params(k, method, tokenizer))
+    for r, ref, (text, _) in zip(records, reference, PROMPTS, strict=True):
+        assert r.error is None
+        assert r.ids == ref, f"{method} k={k} differs on {text[:40]!r}"
+    assert sum(r.total_draft_tokens for r in records) > 0
+
+
+def test_ngram_accepts_most_drafts_on_a_copy_task(server, prompt_ids, reference, tokenizer):
+    copy = next(i for i, (text, _) in enumerate(PROMPTS) if text.startswith("Repeat"))
+    (r,) = generate_all(server, [prompt_ids[copy]], [_params(5, "ngram", tokenizer)[copy]])
+    assert r.ids == reference[copy]
+    assert r.acceptance_rate > 0.6 and r.mean_accepted_length > 3
+
+
+def test_streamed_text_equals_the_unstreamed_text(server):
+    prompt = "Write a sentence about the moon with an emoji and the word café in it."
+    params = GenerationParams(max_tokens=60)
+
+    async def main():
+        async with TritonClient(server.grpc_url) as client:
+            return await client.generate(prompt, params, stream=True), await client.generate(
+                prompt, params, stream=False
+            )
+
+    streamed, whole = asyncio.run(main())
+    assert streamed.error is None and whole.error is None
+    assert len(streamed.chunks) > 1 and len(whole.chunks) == 1
+    assert streamed.text == whole.text and streamed.text
+    http_stream = asyncio.run(http_generate(server.http_url, prompt, params, stream=True))
+    http_whole = asyncio.run(http_generate(server.http_url, prompt, params, stream=False))
+    assert http_stream.text == http_whole.text == whole.text
+    assert whole.num_output_tokens == streamed.num_output_tokens > 0
+
+
+def test_metrics_count_drafts_per_proposer_and_position(server, prompt_ids, tokenizer):
+    generate_all(server, prompt_ids[:2], _params(3, "ngram", tokenizer)[:2])
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+
+    def value(name: str, **labels) -> float:
+        sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        rows = [line for line in text.splitlines() if line.startswith(name + "{") and all(
+            f'{k}="{v}"' in line for k, v in labels.items())]  # fmt: skip
+        assert rows, f"no {name}{{{sel}}} in /metrics"
+        return sum(float(line.rsplit(" ", 1)[1]) for line in rows)
+
+    drafted = value("specdec_draft_tokens_total", model="spec_decode", proposer="ngram")
+    accepted = value("specdec_accepted_tokens_total", model="spec_decode", proposer="ngram")
+    first = value("specdec_accepted_tokens_per_position_total", proposer="ngram", position="1")
+    assert drafted > 0 and 0 <= accepted <= drafted and first <= accepted
+    assert value("specdec_requests_total", proposer="ngram") >= 2
+
+
+# --- bad input: INVALID_ARG naming the field, and the server keeps serving -----------------------
+def _post(server, model: str, body: dict) -> tuple[int, str]:
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/generate", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+BAD = [
+    ({"text_input": "", "max_tokens": 8}, "text_input"),
+    ({"text_input": "   ", "max_tokens": 8}, "text_input"),
+    ({"text_input": "word " * 3000, "max_tokens": 8}, "text_input"),  # longer than the context
+    ({"text_input": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": -5}, "max_tokens"),
+    ({"text_input": "hi", "max_tokens": 100000}, "max_tokens"),
+    ({"text_input": "word " * 1500, "max_tokens": 1000}, "max_tokens"),  # fits alone, not with the output
+    ({"text_input": "hi", "max_tokens": 8, "draft_method": "magic"}, "draft_method"),
+    ({"text_input": "hi", "max_tokens": 8, "num_draft_tokens": -1}, "num_draft_tokens"),
+    ({"text_input": "hi", "max_tokens": 8, "num_draft_tokens": 9}, "num_draft_tokens"),
+    ({"text_input": "hi", "max_tokens": 8, "temperature": -1.0}, "temperature"),
+    ({"text_input": "hi", "max_tokens": 8, "top_p": 1.5}, "top_p"),
+    ({"text_input": "hi", "max_tokens": 8, "top_k": -3}, "top_k"),
+    ({"text_input": "hi", "max_tokens": 8, "stop_words": [""]}, "stop_words"),
+    ({"max_tokens": 8}, "text_input"),  # missing
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)])
+def test_bad_input_is_refused_naming_the_field(server, body, field):
+    status, text = _post(server, "ensemble", body)
+    assert status == 400, text
+    assert re.search(rf"\b{field}\b", json.loads(text)["error"]), text
+
+
+def test_wrong_dtype_is_refused_by_triton_naming_the_input(server):
+    """Over HTTP/JSON a wrong type is Triton's own parse error (500, no field name: a Triton 2.51
+    limitation); over gRPC Triton refuses it naming the input and both types."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"hi"]], dtype=np.object_))
+    max_tokens = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+    max_tokens.set_data_from_numpy(np.array([[8.0]], dtype=np.float32))
+    results = []
+    client.start_stream(callback=lambda result, error: results.append(error))
+    client.async_stream_infer("ensemble", [text, max_tokens])
+    client.stop_stream()
+    assert results and "'max_tokens' data-type is 'FP32'" in str(results[0])
+
+
+def test_bad_token_level_input_to_spec_decode(server, tokenizer):
+    async def main(ids, **kw):
+        async with TritonClient(server.grpc_url) as client:
+            return await client.generate_ids(ids, GenerationParams(max_tokens=4, **kw))
+
+    assert "input_ids" in asyncio.run(main([tokenizer.vocab_size + 5])).error
+    assert "input_ids" in asyncio.run(main([-1])).error
+    assert "temperature" in asyncio.run(main([1, 2], temperature=float("nan"))).error
+
+
+def test_the_server_still_serves_after_bad_input(server):
+    for body, _ in BAD[:4]:
+        _post(server, "ensemble", body)
+    status, text = _post(server, "ensemble", {"text_input": "What is 2+2?", "max_tokens": 8})
+    assert status == 200 and json.loads(text)["text_output"]
+    assert np.isfinite(json.loads(text)["acceptance_rate"])

@@ -1,0 +1,245 @@
+"""The spec_decode service in-process, on tiny random-weight models: the draft-verify loop,
+both proposers, batching, sampling and cleanup, through the same request parsing and engine
+tensors as the served models (specdec.spec_decode.local_call)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+from conftest import write_tiny_llama
+from scipy.stats import chisquare
+
+from specdec.config import parse_profile
+from specdec.engine.engine import Engine, GenerationRequest
+from specdec.loop import RequestSpec
+from specdec.sampling import SamplingParams
+from specdec.spec_decode import Overloaded, SpecDecodeService, local_call
+from specdec.triton_io import SpecDecodeRequest
+
+
+def make_service(target, draft, *, kv_slots=16, max_queue=64, max_inflight=64):
+    profile = parse_profile(
+        {
+            "name": "tiny",
+            "target": {"hf_dir": str(target)},
+            "draft": {"hf_dir": str(draft)},
+            "engine": {"kv_slots": kv_slots, "max_seq_len": 256, "threads": 1},
+            "speculation": {"proposer": "ngram", "num_draft_tokens": 3, "max_draft_tokens": 8},
+            "server": {"max_queue": max_queue, "max_inflight": max_inflight},
+        }
+    )
+    engines = {
+        "target": Engine(target, kv_slots=kv_slots, max_seq_len=256, threads=1),
+        "draft": Engine(draft, kv_slots=kv_slots, max_seq_len=256, threads=1),
+    }
+    return SpecDecodeService(profile, local_call(engines)), engines
+
+
+def request(prompt, max_tokens=24, k=3, proposer="ngram", sampling=None, end_id=None):
+    spec = RequestSpec(prompt_ids=list(prompt), max_tokens=max_tokens, num_draft_tokens=k, end_id=end_id)
+    return SpecDecodeRequest(spec, sampling or SamplingParams(), proposer, stream=True, seeded=True)
+
+
+async def tokens_of(service, req, is_cancelled=lambda: False):
+    out = []
+    async for chunk in service.serve(req, is_cancelled):
+        out += chunk.tokens
+    return out
+
+
+def run_all(service, reqs):
+    async def main():
+        return await asyncio.gather(*(tokens_of(service, r) for r in reqs))
+
+    return asyncio.run(main())
+
+
+PROMPTS = [
+    [5, 6, 7, 8, 5, 6, 7],  # repetitive: prompt lookup finds matches
+    [40, 41, 42, 43, 44, 45],
+    [3],
+    [9, 9, 9, 9, 9, 9, 9, 9],
+    list(range(10, 60)),
+]
+
+
+@pytest.fixture(scope="module")
+def service(tiny_target, tiny_draft):
+    return make_service(tiny_target, tiny_draft)
+
+
+def reference_greedy(engine: Engine, prompt, n) -> list[int]:
+    """The simplest decoder: one token per call, no drafts."""
+    seq = list(prompt)
+    for _ in range(n):
+        (r,) = engine.generate([GenerationRequest(np.array(seq), max_new_tokens=1)])
+        seq += r.tokens.tolist()
+    return seq[len(prompt) :]
+
+
+def test_greedy_is_exact_for_every_proposer_and_draft_length(service):
+    svc, engines = service
+    baseline = run_all(svc, [request(p, k=0, proposer="none") for p in PROMPTS])
+    for p, base in zip(PROMPTS, baseline, strict=True):
+        assert base == reference_greedy(engines["target"], p, len(base))
+    for proposer, k in itertools.product(["ngram", "draft_model"], [1, 3, 5, 8]):
+        got = run_all(svc, [request(p, k=k, proposer=proposer) for p in PROMPTS])
+        assert got == baseline, f"{proposer} k={k}"
+
+
+def test_many_requests_in_flight_share_forward_passes_and_stay_exact(service):
+    svc, engines = service
+    alone = [run_all(svc, [request(p, k=4, proposer="draft_model")])[0] for p in PROMPTS]
+    engines["target"].max_batch_seen = engines["draft"].max_batch_seen = 0
+    together = run_all(svc, [request(p, k=4, proposer="draft_model") for p in PROMPTS * 2])
+    assert together == alone * 2
+    assert engines["target"].max_batch_seen > 1 and engines["draft"].max_batch_seen > 1
+
+
+def test_caches_are_released_when_requests_end(service):
+    svc, engines = service
+    run_all(svc, [request(p, proposer="draft_model") for p in PROMPTS])
+    assert engines["target"].slots.in_use == 0 and engines["draft"].slots.in_use == 0
+
+
+def test_cancellation_stops_within_a_round_and_releases(service):
+    svc, engines = service
+    seen = []
+
+    async def main():
+        async for chunk in svc.serve(
+            request(PROMPTS[1], max_tokens=200, k=2, proposer="draft_model"), lambda: bool(seen)
+        ):
+            seen.append(chunk)
+
+    asyncio.run(main())
+    assert len(seen) == 2 and seen[1].tokens == [] and seen[1].final
+    assert seen[1].gen.finish_reason == "cancelled" and seen[1].gen.stats.rounds == 1
+    assert engines["target"].slots.in_use == 0 and engines["draft"].slots.in_use == 0
+
+
+def test_end_id_stops_generation(service):
+    svc, _ = service
+    base = run_all(svc, [request(PROMPTS[4], k=0, proposer="none")])[0]
+    stop_at = base[5]
+    for proposer in ("none", "ngram", "draft_model"):
+        got = run_all(svc, [request(PROMPTS[4], proposer=proposer, end_id=stop_at)])[0]
+        assert got == base[: base.index(stop_at)]
+
+
+def test_admission_refuses_beyond_the_queue_bound(tiny_target, tiny_draft):
+    svc, _ = make_service(tiny_target, tiny_draft, max_inflight=1, max_queue=1)
+    reqs = [request(PROMPTS[4], max_tokens=20, k=0, proposer="none") for _ in range(4)]
+
+    async def main():
+        return await asyncio.gather(*(tokens_of(svc, r) for r in reqs), return_exceptions=True)
+
+    results = asyncio.run(main())
+    refused = [r for r in results if isinstance(r, Overloaded)]
+    served = [r for r in results if isinstance(r, list)]
+    assert len(refused) == 2 and len(served) == 2 and served[0] == served[1]
+
+
+# --- sampling ---------------------------------------------------------------------------------------
+SAMPLED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=2024)
+
+
+def test_a_seed_reproduces_the_output(service):
+    svc, _ = service
+    for proposer in ("none", "ngram", "draft_model"):
+        a, b = run_all(svc, [request(PROMPTS[0], proposer=proposer, sampling=SAMPLED)] * 2)
+        assert a == b, proposer
+
+
+def test_a_deterministic_proposer_gives_the_tokens_of_plain_sampling_for_a_seed(service):
+    """For one-hot q the rejection sampler is coupled to the target's own draw (verify.py):
+    with the same seed, speculation changes nothing, token for token."""
+    svc, _ = service
+    for p in PROMPTS:
+        base = run_all(svc, [request(p, k=0, proposer="none", sampling=SAMPLED)])[0]
+        for k in (1, 4, 8):
+            assert run_all(svc, [request(p, k=k, proposer="ngram", sampling=SAMPLED)])[0] == base
+
+
+def _first_two_tokens(tmp_path, n=3000):
+    """A model small enough to enumerate: the exact distribution of its first two tokens, and
+    n speculative samples drawn with a stochastic draft (draft logits passed, q not one-hot)."""
+    vocab = 6
+    # small weights: flat distributions (p of the first token ~ [.29 .09 .12 .16 .06 .29]),
+    # and a draft that overlaps the target by about half
+    target = write_tiny_llama(tmp_path / "t", seed=3, vocab_size=vocab, scale=0.3)
+    draft = write_tiny_llama(tmp_path / "d", seed=4, vocab_size=vocab, num_hidden_layers=1, scale=0.3)
+    svc, engines = make_service(target, draft, kv_slots=64)
+    prompt = [1, 2, 3]
+    eng = engines["target"]
+    p1 = _softmax(eng.model.forward(eng.cache, *_rows(prompt, 0))[-1].numpy())
+    exact = np.array(
+        [p1[t] * _softmax(eng.model.forward(eng.cache, *_rows([*prompt, t], 0))[-1].numpy()) for t in range(vocab)]
+    )
+    reqs = [
+        request(prompt, max_tokens=2, k=2, proposer="draft_model", sampling=SamplingParams(1.0, seed=s))
+        for s in range(n)
+    ]
+    samples, accepted, drafted = [], 0, 0
+    for batch in _chunks(reqs, 100):
+
+        async def main(batch=batch):
+            return await asyncio.gather(*(_serve_all(svc, r) for r in batch))
+
+        for tokens, gen in asyncio.run(main()):
+            samples.append(tokens)
+            accepted, drafted = accepted + gen.stats.accepted_tokens, drafted + gen.stats.draft_tokens
+    observed = np.zeros((vocab, vocab))
+    for t1, t2 in samples:
+        observed[t1, t2] += 1
+    return observed, exact, accepted / drafted
+
+
+async def _serve_all(svc, req):
+    tokens, gen = [], None
+    async for chunk in svc.serve(req):
+        tokens += chunk.tokens
+        gen = chunk.gen
+    return tokens, gen
+
+
+def test_sampled_draft_model_speculation_has_the_target_distribution(tmp_path):
+    """Chi-square of 3000 speculative samples of (t1, t2) against the enumerated distribution."""
+    observed, exact, acceptance = _first_two_tokens(tmp_path)
+    assert 0.1 < acceptance < 0.9  # drafts are both accepted and rejected: both paths are tested
+    assert chisquare(observed.reshape(-1), exact.reshape(-1) * observed.sum()).pvalue > 1e-3
+
+
+def test_the_distribution_test_catches_a_sampler_that_ignores_q(tmp_path, monkeypatch):
+    """Accepting every draft token (as if p == q) must fail the same test."""
+    import specdec.engine.engine as engine_module
+
+    real = engine_module.verify.rejection_sample
+
+    def accept_all(target, draft, num_draft, draft_probs, uniform, noise):
+        return real(target, draft, num_draft, draft_probs, uniform * 0, noise)
+
+    monkeypatch.setattr(engine_module.verify, "rejection_sample", accept_all)
+    observed, exact, acceptance = _first_two_tokens(tmp_path)
+    assert acceptance == 1.0
+    assert chisquare(observed.reshape(-1), exact.reshape(-1) * observed.sum()).pvalue < 1e-6
+
+
+def _rows(tokens, slot):
+    import torch
+
+    n = len(tokens)
+    return (torch.tensor(tokens), torch.arange(n), torch.full((n,), slot), torch.arange(n))
+
+
+def _softmax(x):
+    e = np.exp(x.astype(np.float64) - x.max())
+    return e / e.sum()
+
+
+def _chunks(items, size):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

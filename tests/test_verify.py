@@ -1,0 +1,174 @@
+"""Greedy verification and the rejection sampler, on hand-made and random distributions.
+
+The statistical tests use fixed seeds (deterministic) at significance 1e-3, with sample sizes
+chosen so that each deliberately wrong sampler below fails them by many orders of magnitude."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec import verify
+from specdec.verify import Verdict, _assemble
+
+
+def test_greedy_accepts_the_matching_prefix_then_corrects():
+    logits = torch.zeros(1, 4, 10)
+    for pos, tok in enumerate([3, 5, 7, 9]):
+        logits[0, pos, tok] = 1.0
+    v = verify.greedy_verify(logits, torch.tensor([[3, 5, 2]]), torch.tensor([3]))
+    assert v.emitted(0) == [3, 5, 7]  # 2 rejected, target's 7 instead
+
+
+def test_greedy_all_accepted_adds_the_bonus_token():
+    logits = torch.zeros(1, 3, 10)
+    for pos, tok in enumerate([1, 2, 8]):
+        logits[0, pos, tok] = 1.0
+    v = verify.greedy_verify(logits, torch.tensor([[1, 2]]), torch.tensor([2]))
+    assert v.emitted(0) == [1, 2, 8] and int(v.num_accepted[0]) == 2
+
+
+def test_padded_rows_use_their_own_draft_length():
+    """Row 1 has one real draft token; its padding must not be accepted or used."""
+    logits = torch.zeros(2, 3, 10)
+    for b, toks in enumerate([[4, 4, 6], [4, 5, 6]]):
+        for pos, tok in enumerate(toks):
+            logits[b, pos, tok] = 1.0
+    v = verify.greedy_verify(logits, torch.tensor([[4, 4], [4, 5]]), torch.tensor([2, 1]))
+    assert v.emitted(0) == [4, 4, 6]
+    assert v.emitted(1) == [4, 5]  # 4 accepted, then the bonus at position 1, not the padding
+    assert v.tokens[1, 2] == -1
+
+
+def test_no_draft_is_a_plain_step():
+    logits = torch.zeros(1, 1, 10)
+    logits[0, 0, 6] = 1.0
+    v = verify.greedy_verify(logits, torch.zeros(1, 0, dtype=torch.int64), torch.tensor([0]))
+    assert v.emitted(0) == [6]
+
+
+# --- the rejection sampler: does it emit p? -------------------------------------------------------
+V, K = 6, 3
+
+
+def _random_dists(rng: np.random.Generator, rows: int, concentration: float = 1.0) -> torch.Tensor:
+    return torch.tensor(rng.dirichlet([concentration] * V, size=rows), dtype=torch.float32)
+
+
+def _simulate(sampler, p: torch.Tensor, q: torch.Tensor | None, n: int, length: int, seed: int) -> np.ndarray:
+    """n sequences of `length` tokens by repeated draft-verify rounds, the target's distribution
+    at position j being p[j] and the draft's q[j] (independent of the prefix). Returns (n, length)."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.full((n, length), -1, dtype=torch.int64)
+    pos = torch.zeros(n, dtype=torch.int64)
+    while (pos < length).any():
+        rows = torch.nonzero(pos < length).flatten()
+        start = pos[rows]
+        idx = (start[:, None] + torch.arange(K + 1)[None]).clamp(max=len(p) - 1)
+        target = p[idx]  # (B, K+1, V)
+        if q is None:  # deterministic proposer: some fixed guess per position
+            draft_probs = None
+            draft = (start[:, None] + torch.arange(K)[None]) % V
+        else:
+            draft_probs = q[idx[:, :K]]
+            draft = torch.multinomial(draft_probs.reshape(-1, V), 1, generator=g).reshape(len(rows), K)
+        uniform = torch.rand(len(rows), K, generator=g)
+        noise = torch.empty(len(rows), K + 1, V).exponential_(generator=g)
+        v: Verdict = sampler(target, draft, torch.full((len(rows),), K), draft_probs, uniform, noise)
+        for b, row in enumerate(rows.tolist()):
+            for tok in v.emitted(b):
+                if pos[row] < length:
+                    out[row, pos[row]] = tok
+                    pos[row] += 1
+    return out.numpy()
+
+
+def _joint_pvalue(samples: np.ndarray, p: torch.Tensor) -> float:
+    """Chi-square goodness of fit of the (first, second) token pairs against p0 x p1."""
+    observed = np.bincount(samples[:, 0] * V + samples[:, 1], minlength=V * V)
+    expected = np.outer(p[0].double().numpy(), p[1].double().numpy()).reshape(-1)
+    return chisquare(observed, expected / expected.sum() * observed.sum()).pvalue
+
+
+def _marginal_pvalues(samples: np.ndarray, p: torch.Tensor) -> list[float]:
+    out = []
+    for j in range(samples.shape[1]):
+        observed = np.bincount(samples[:, j], minlength=V)
+        expected = p[j].double().numpy() / p[j].double().numpy().sum() * len(samples)
+        out.append(chisquare(observed, expected).pvalue)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dists():
+    rng = np.random.default_rng(7)
+    return _random_dists(rng, K + 4), _random_dists(rng, K + 4)
+
+
+N = 12000
+
+
+@pytest.mark.parametrize("stochastic_draft", [True, False])
+def test_rejection_sampler_emits_the_target_distribution(dists, stochastic_draft):
+    p, q = dists
+    samples = _simulate(verify.rejection_sample, p, q if stochastic_draft else None, N, length=4, seed=1)
+    assert min(_marginal_pvalues(samples, p)) > 1e-3
+    assert _joint_pvalue(samples, p) > 1e-3
+
+
+def test_acceptance_rate_is_the_overlap_of_p_and_q(dists):
+    """P(accept x ~ q at a position) = sum_x min(p(x), q(x)): the sampler is not just exact but
+    accepts as often as the theory allows."""
+    p, q = dists
+    g = torch.Generator().manual_seed(3)
+    n = 40000
+    draft = torch.multinomial(q[0:1].expand(n, V), 1, generator=g)
+    v = verify.rejection_sample(
+        p[0:2][None].expand(n, 2, V), draft, torch.ones(n, dtype=torch.int64), q[0:1][None].expand(n, 1, V),
+        torch.rand(n, 1, generator=g), torch.empty(n, 2, V).exponential_(generator=g),
+    )  # fmt: skip
+    expected = torch.minimum(p[0], q[0]).sum().item()
+    assert abs(v.num_accepted.float().mean().item() - expected) < 4 * (expected * (1 - expected) / n) ** 0.5
+
+
+# --- deliberately wrong samplers: the tests above must catch each of them --------------------------
+def _generic(target, draft, num_draft, draft_probs, uniform, noise, residual="ok", bonus="p", accept="ok"):
+    k = draft.shape[1]
+    p_x = target[:, :k].gather(-1, draft[..., None]).squeeze(-1)
+    q_x = draft_probs.gather(-1, draft[..., None]).squeeze(-1)
+    ratio = p_x / q_x if accept == "ok" else q_x / p_x
+    accepted = uniform < ratio
+    if residual == "ok":
+        res = (target[:, :k] - draft_probs).clamp_min(0)
+    elif residual == "p":
+        res = target[:, :k]
+    else:  # a residual that subtracts only part of q
+        res = (target[:, :k] - 0.5 * draft_probs).clamp_min(0)
+    fix = (res / noise[:, :k]).argmax(-1)
+    last = (draft_probs[:, -1] if bonus == "q" else target[:, k]) / noise[:, k]
+    fix = torch.cat([fix, last.argmax(-1, keepdim=True)], dim=1)
+    return _assemble(draft, num_draft, accepted, fix)
+
+
+WRONG = {
+    "residual drawn from p": lambda *a: _generic(*a, residual="p"),
+    "residual not p - q": lambda *a: _generic(*a, residual="half"),
+    "bonus drawn from q": lambda *a: _generic(*a, bonus="q"),
+    "accept with q/p": lambda *a: _generic(*a, accept="inverted"),
+}
+
+
+@pytest.mark.parametrize("bug", list(WRONG))
+def test_the_statistical_test_catches_a_wrong_sampler(dists, bug):
+    p, q = dists
+    samples = _simulate(WRONG[bug], p, q, N, length=4, seed=1)
+    assert min(min(_marginal_pvalues(samples, p)), _joint_pvalue(samples, p)) < 1e-6
+
+
+def test_the_correct_generic_sampler_passes(dists):
+    """The wrong samplers differ from a correct one only in their bug."""
+    p, q = dists
+    samples = _simulate(lambda *a: _generic(*a), p, q, N, length=4, seed=1)
+    assert min(_marginal_pvalues(samples, p)) > 1e-3
