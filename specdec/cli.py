@@ -21,9 +21,15 @@ def _add_url(p: argparse.ArgumentParser) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from specdec.build import build
+    from specdec.build.trtllm import BuildError
 
-    repo = build(load_profile(args.profile))
-    console.print(f"[green]built[/] model repository: {repo}")
+    try:
+        repo = build(load_profile(args.profile), dry_run=args.dry_run)
+    except BuildError as err:
+        console.print(f"[red]build failed:[/] {err}")
+        return 1
+    if not args.dry_run:
+        console.print(f"[green]built[/] model repository: {repo}")
     return 0
 
 
@@ -123,6 +129,57 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(load_profile(args.profile), url=args.url, max_tokens=args.max_tokens)
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from specdec.client import commands
+    from specdec.client.check import CheckArm
+    from specdec.client.loadgen import parse_counts
+
+    profile = load_profile(args.profile)
+    proposers = (
+        args.proposers.split(",") if args.proposers else [a.draft_method for a in commands.default_arms(profile)[1:]]
+    )
+    arms = [CheckArm(p, k) for p in proposers for k in parse_counts(args.num_draft_tokens)]
+    return commands.check(profile, args.url, arms, args.workload, args.num_prompts, args.max_tokens, args.concurrency)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from specdec.client import commands
+    from specdec.client.loadgen import BenchConfig, Load, parse_arm, parse_counts, parse_slo
+    from specdec.client.workloads import WorkloadOptions
+
+    profile = load_profile(args.profile)
+    try:
+        arms = [parse_arm(a) for a in args.arms.split(",")] if args.arms else commands.default_arms(profile)
+        loads = [Load(concurrency=c) for c in parse_counts(args.concurrency)] if args.concurrency else []
+        loads += [Load(rate=float(r)) for r in args.request_rate.split(",")] if args.request_rate else []
+        slo = parse_slo(args.goodput or [])
+    except ValueError as err:
+        console.print(f"[red]error:[/] {err}")
+        return 2
+    config = BenchConfig(
+        arms=tuple(arms),
+        loads=tuple(loads or [Load(concurrency=1)]),
+        workloads=tuple(args.workload.split(",")),
+        # a duration alone bounds a level by time; the count stays bounded all the same
+        num_requests=args.num_requests or (100_000 if args.duration else 16),
+        duration=args.duration or 1800.0,
+        warmup=args.warmup,
+        request_timeout=args.request_timeout,
+        interleave=args.interleave,
+        transport=args.transport,
+        stream=not args.no_stream,
+        temperature=args.temperature,
+        seed=args.seed,
+        slo=slo,
+        workload_options=WorkloadOptions(args.max_tokens, args.input_tokens, args.input_tokens_stddev, args.seed),
+    )
+    output_dir = Path(args.output_dir or f"bench-out/{time.strftime('%Y%m%d-%H%M%S')}")
+    return commands.bench(profile, args.url, config, output_dir, args.metrics_url, args.server_pid, not args.no_plots)
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float)
@@ -140,6 +197,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build", help="convert weights / build engines and render the model repository")
     _add_profile(p)
+    p.add_argument("--dry-run", action="store_true", help="print the commands that would run; write nothing")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("serve", help="run tritonserver in the foreground (Ctrl-C or SIGTERM stops it)")
@@ -165,6 +223,50 @@ def parser() -> argparse.ArgumentParser:
     _add_url(p)
     p.add_argument("--max-tokens", type=int, default=160)
     p.set_defaults(func=cmd_demo)
+
+    workloads = "grounded, chat, mixed, synthetic, or a genai-perf .jsonl file"
+    p = sub.add_parser("check", help="greedy speculation against plain decoding: report any token that differs")
+    _add_profile(p)
+    _add_url(p)
+    p.add_argument("--proposers", help="comma-separated (ngram,draft_model); default: those the profile has")
+    p.add_argument("--num-draft-tokens", default="1,4,8", help="draft lengths to check (default 1,4,8)")
+    p.add_argument("--workload", default="mixed", help=f"prompt set: {workloads} (default mixed)")
+    p.add_argument("--num-prompts", type=int, default=12)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight, mixed across arms")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("bench", help="load generator: speculation against the baseline across load levels")
+    _add_profile(p)
+    p.add_argument("--url", help="address of a running server for --transport (gRPC host:8001, HTTP host:8000); "
+                   "default: start the profile's server for the run")  # fmt: skip
+    p.add_argument(
+        "--metrics-url", help="its Prometheus endpoint (default: the --url host, the profile's metrics port)"
+    )
+    p.add_argument("--server-pid", type=int, help="its process, for memory (default: the one listening on --url)")
+    p.add_argument("--transport", choices=["grpc", "http"], default="grpc")
+    p.add_argument("--arms", help="comma-separated: baseline, ngram[:K], draft_model[:K] (default: the baseline, "
+                   "the profile's proposer and the draft model)")  # fmt: skip
+    p.add_argument("--concurrency", help="closed-loop levels: 1,2,4 or 1..16 (powers of two); default 1")
+    p.add_argument("--request-rate", help="open-loop levels, requests/s over all arms (Poisson arrivals): 0.5,1")
+    p.add_argument("--num-requests", type=int, help="per arm and level (default 16; 100000 with --duration)")
+    p.add_argument("--duration", type=float, help="seconds per level at most (default 1800)")
+    p.add_argument("--warmup", type=int, default=2, help="unrecorded requests per arm before the first level")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds")
+    p.add_argument("--interleave", choices=["block", "request"], default="block",
+                   help="arms take turns in blocks, each alone on the server (default), or request by request, "
+                   "sharing it")  # fmt: skip
+    p.add_argument("--workload", default="mixed", help=f"comma-separated: {workloads} (default mixed)")
+    p.add_argument("--max-tokens", type=int, default=128, help="output tokens at most (synthetic: exactly)")
+    p.add_argument("--input-tokens", type=int, default=256, help="synthetic prompt length, tokens")
+    p.add_argument("--input-tokens-stddev", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, help="default: greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--goodput", nargs="+", metavar="SLO", help="SLOs in ms: ttft:500 tpot:50 e2el:10000")
+    p.add_argument("--no-stream", action="store_true", help="one response per request (TTFT = end-to-end)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--output-dir", help="default: bench-out/<date-time>")
+    p.set_defaults(func=cmd_bench)
     return ap
 
 

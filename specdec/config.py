@@ -35,6 +35,9 @@ class ModelSource(_Strict):
     gguf_package: str | None = Field(None, description="pip package that ships the .gguf (located, never imported)")
     gguf_file: str | None = Field(None, description="file name of the .gguf inside that package")
     hf_dir: str | None = Field(None, description="local Hugging Face checkpoint directory (safetensors)")
+    hf_repo: str | None = Field(
+        None, description="Hugging Face repo id of hf_dir's checkpoint (named when it is missing)"
+    )
     num_layers: Annotated[int, Field(ge=1)] | None = Field(
         None, description="keep only the first N decoder layers (a truncated draft)"
     )
@@ -61,6 +64,140 @@ class PytorchEngine(_Strict):
     instances: Annotated[int, Field(ge=1, le=8)] = 1
 
 
+# --- TensorRT-LLM (backend: tensorrtllm). Names follow the pinned release: specdec/build/trtllm.py --------
+TrtllmMode = Literal["draft_target", "ngram", "eagle3", "medusa", "lookahead", "redrafter"]
+EXTERNAL_DRAFT_MODES: tuple[str, ...] = ("draft_target", "ngram")  # the spec_decode BLS proposes
+IN_ENGINE_WEIGHTS = (("medusa", "heads"), ("eagle3", "draft"), ("redrafter", "drafter"))  # trtllm.<mode>.<key>
+
+
+class GpuPlacement(_Strict):
+    """Where one engine runs and how much of the free GPU memory its KV cache may take."""
+
+    tp_size: Annotated[int, Field(ge=1, le=64)] = 1
+    pp_size: Annotated[int, Field(ge=1, le=64)] = 1
+    gpu_ids: list[Annotated[int, Field(ge=0)]] = [0]
+    kv_cache_free_gpu_mem_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
+
+    @model_validator(mode="after")
+    def _gpus_match_parallelism(self) -> GpuPlacement:
+        if len(set(self.gpu_ids)) != len(self.gpu_ids):
+            raise ValueError(f"gpu_ids {self.gpu_ids} names a GPU twice")
+        if len(self.gpu_ids) != self.tp_size * self.pp_size:
+            raise ValueError(
+                f"tp_size * pp_size = {self.tp_size * self.pp_size} GPUs, but gpu_ids names {len(self.gpu_ids)} "
+                f"({self.gpu_ids}); name one GPU per rank"
+            )
+        return self
+
+
+class MedusaOptions(_Strict):
+    heads: ModelSource
+    num_heads: Annotated[int, Field(ge=1, le=16)] = 4
+    num_layers: Annotated[int, Field(ge=1, le=8)] = 1
+    choices: list[list[Annotated[int, Field(ge=0)]]] = Field(
+        description="the Medusa tree: each path lists, head by head, which top-k candidate to follow"
+    )
+
+    @model_validator(mode="after")
+    def _tree_fits_heads(self) -> MedusaOptions:
+        deepest = max((len(path) for path in self.choices), default=0)
+        if not self.choices or deepest > self.num_heads:
+            raise ValueError(f"choices must be non-empty paths of at most num_heads ({self.num_heads}) steps")
+        paths = {tuple(path) for path in self.choices}
+        orphans = [list(path) for path in paths if len(path) > 1 and path[:-1] not in paths]
+        if orphans:
+            raise ValueError(f"choices must be a tree: the parents of {sorted(orphans)} are missing")
+        return self
+
+
+class Eagle3Options(_Strict):
+    draft: ModelSource = Field(
+        description="the EAGLE-3 draft head checkpoint (e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B)"
+    )
+    one_model: bool = Field(True, description="run the draft head inside the target's model (eagle3_one_model)")
+
+
+class LookaheadOptions(_Strict):
+    window_size: Annotated[int, Field(ge=1, le=32)] = 4
+    ngram_size: Annotated[int, Field(ge=1, le=32)] = 4
+    verification_set_size: Annotated[int, Field(ge=0, le=32)] = 4
+
+    def max_draft_len(self) -> int:
+        """What TensorRT-LLM's lookahead decoding reserves for (W, N, G)."""
+        w, n, g = self.window_size, self.ngram_size, self.verification_set_size
+        return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
+
+
+class RedrafterOptions(_Strict):
+    drafter: ModelSource
+    num_beams: Annotated[int, Field(ge=1, le=16)] = 5
+    draft_len_per_beam: Annotated[int, Field(ge=1, le=16)] = 5
+
+
+class TrtllmOptions(_Strict):
+    """Engine builds and runtime settings for NVIDIA's tensorrtllm Triton backend."""
+
+    mode: TrtllmMode
+    max_input_len: Annotated[int, Field(ge=1, le=131072)] = 4096
+    max_num_tokens: Annotated[int, Field(ge=1, le=1048576)] = 8192
+    max_draft_len: Annotated[int, Field(ge=0, le=1024)] = Field(
+        0, description="draft tokens the engine reserves per step (external modes: the most a request may ask)"
+    )
+    kv_cache_reuse: bool = True
+    paged_context_fmha: bool = True
+    draft_logits: bool = Field(True, description="the draft returns generation logits, so sampled requests are exact")
+    passthrough_chunk: Annotated[int, Field(ge=1, le=4096)] = Field(
+        32, description="in-engine modes: new tokens per engine call while streaming"
+    )
+    target: GpuPlacement = GpuPlacement()
+    draft: GpuPlacement | None = None
+    medusa: MedusaOptions | None = None
+    eagle3: Eagle3Options | None = None
+    lookahead: LookaheadOptions | None = None
+    redrafter: RedrafterOptions | None = None
+
+    @property
+    def external(self) -> bool:
+        return self.mode in EXTERNAL_DRAFT_MODES
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrtllmOptions:
+        if self.kv_cache_reuse and not self.paged_context_fmha:
+            raise ValueError("kv_cache_reuse needs paged_context_fmha: true (trtllm-build --use_paged_context_fmha)")
+        for mode in ("medusa", "eagle3", "lookahead", "redrafter"):
+            if (getattr(self, mode) is not None) != (self.mode == mode):
+                raise ValueError(f"give the `{mode}` section exactly when mode is {mode} (mode is {self.mode})")
+        if (self.draft is not None) != (self.mode == "draft_target"):
+            raise ValueError("give `draft` (its GPUs and memory) exactly when mode is draft_target")
+        if self.draft is not None:
+            shared = sorted(set(self.target.gpu_ids) & set(self.draft.gpu_ids))
+            total = self.target.kv_cache_free_gpu_mem_fraction + self.draft.kv_cache_free_gpu_mem_fraction
+            if shared and total > 1:
+                raise ValueError(
+                    f"target and draft share GPU {shared} but their kv_cache_free_gpu_mem_fraction add up to "
+                    f"{total:g}: lower them so they sum to at most 1"
+                )
+        if self.mode == "lookahead" and self.lookahead and self.max_draft_len != self.lookahead.max_draft_len():
+            raise ValueError(
+                f"max_draft_len must be {self.lookahead.max_draft_len()} for lookahead "
+                f"(W, N, G) = ({self.lookahead.window_size}, {self.lookahead.ngram_size}, "
+                f"{self.lookahead.verification_set_size}), got {self.max_draft_len}"
+            )
+        if self.mode == "medusa" and self.medusa and self.max_draft_len < len(self.medusa.choices):
+            raise ValueError(
+                f"max_draft_len ({self.max_draft_len}) must cover the {len(self.medusa.choices)} nodes of "
+                "medusa.choices"
+            )
+        if self.mode == "redrafter" and (self.target.pp_size != 1 or self.max_draft_len):
+            raise ValueError(
+                "redrafter: pp_size must be 1 and max_draft_len 0 (its drafts are sized by num_beams and "
+                "draft_len_per_beam at conversion)"
+            )
+        if self.mode in ("eagle3", "draft_target", "ngram") and self.max_draft_len < 1:
+            raise ValueError(f"mode {self.mode} needs max_draft_len >= 1")
+        return self
+
+
 class NgramOptions(_Strict):
     min_n: Annotated[int, Field(ge=1, le=16)] = 1
     max_n: Annotated[int, Field(ge=1, le=16)] = 4
@@ -75,9 +212,19 @@ class NgramOptions(_Strict):
 class AdaptiveOptions(_Strict):
     """How the draft length follows acceptance and load (see specdec/controller.py)."""
 
-    enabled: bool = True
-    ema_alpha: Annotated[float, Field(gt=0, le=1)] = 0.3
+    enabled: bool = Field(True, description="false: every request drafts exactly its num_draft_tokens")
+    ema_alpha: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.05, description="weight of the newest round in a request's acceptance estimate"
+    )
     min_draft_tokens: Annotated[int, Field(ge=0)] = 0
+    prior_acceptance: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.5, description="assumed acceptance before a proposer has any history"
+    )
+    prior_weight: Annotated[float, Field(gt=0)] = Field(2.0, description="the prior counts as this many draft tokens")
+    hysteresis: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.1, description="keep k while the deciding token's worth is within this fraction of the bar"
+    )
+    probe_every: Annotated[int, Field(ge=1)] = Field(8, description="rounds without drafts before a 1-token probe")
 
 
 class Speculation(_Strict):
@@ -105,15 +252,18 @@ class ServerOptions(_Strict):
     max_queue: Annotated[int, Field(ge=0)] = 256
     max_prompt_bytes: Annotated[int, Field(ge=1)] = 65536
     max_tokens_limit: Annotated[int, Field(ge=1)] = 4096
+    max_stop_words: Annotated[int, Field(ge=0)] = 16
+    max_stop_word_bytes: Annotated[int, Field(ge=1)] = 256
 
 
 class Profile(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     description: str = ""
-    backend: Literal["pytorch"] = "pytorch"
+    backend: Literal["pytorch", "tensorrtllm"] = "pytorch"
     target: ModelSource
     draft: ModelSource | None = None
     engine: PytorchEngine = PytorchEngine()
+    trtllm: TrtllmOptions | None = Field(None, description="backend tensorrtllm: engine builds and runtime")
     speculation: Speculation = Speculation()
     server: ServerOptions = ServerOptions()
     chat_template: bool = Field(True, description="apply the tokenizer's chat template unless a request says not to")
@@ -123,6 +273,34 @@ class Profile(_Strict):
     def _draft_needed(self) -> Profile:
         if self.speculation.proposer == "draft_model" and self.draft is None:
             raise ValueError("speculation.proposer is draft_model but the profile has no draft")
+        return self
+
+    @model_validator(mode="after")
+    def _backend_sections(self) -> Profile:
+        if (self.trtllm is not None) != (self.backend == "tensorrtllm"):
+            raise ValueError("give the `trtllm` section exactly when backend is tensorrtllm")
+        trt = self.trtllm
+        if trt is None:
+            return self
+        if self.engine.device != "cuda":
+            raise ValueError("backend tensorrtllm runs on GPUs: set engine.device: cuda")
+        if self.target.hf_dir is None or (self.draft is not None and self.draft.hf_dir is None):
+            raise ValueError(
+                "backend tensorrtllm converts Hugging Face checkpoints: give target.hf_dir (and draft.hf_dir)"
+            )
+        if (self.draft is not None) != (trt.mode == "draft_target"):
+            raise ValueError(
+                f"trtllm.mode {trt.mode} "
+                + ("needs a `draft` model" if trt.mode == "draft_target" else "takes no separate `draft` model")
+                + " (in-engine modes keep their draft weights in their own trtllm section)"
+            )
+        if trt.external and trt.max_draft_len < self.speculation.max_draft_tokens:
+            raise ValueError(
+                f"trtllm.max_draft_len ({trt.max_draft_len}) must cover speculation.max_draft_tokens "
+                f"({self.speculation.max_draft_tokens}), the largest draft a request may ask"
+            )
+        if not trt.external and self.speculation.proposer != "none":
+            raise ValueError(f"trtllm.mode {trt.mode} drafts inside the engine: set speculation.proposer: none")
         return self
 
     # --- derived locations -------------------------------------------------------------
@@ -156,8 +334,10 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
 
 def resolve_relative_paths(data: dict, base: Path) -> dict:
     """hf_dir and build_dir may be written relative to the profile's own folder."""
-    for role in ("target", "draft"):
-        src = data.get(role)
+    trt = data.get("trtllm") if isinstance(data.get("trtllm"), dict) else {}
+    sources = [data.get("target"), data.get("draft")]  # and the in-engine modes' draft weights:
+    sources += [trt[mode].get(key) for mode, key in IN_ENGINE_WEIGHTS if isinstance(trt.get(mode), dict)]
+    for src in sources:
         if isinstance(src, dict) and isinstance(src.get("hf_dir"), str):
             src["hf_dir"] = str((base / src["hf_dir"]).expanduser().resolve())
     if isinstance(data.get("build_dir"), str):

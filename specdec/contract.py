@@ -53,7 +53,6 @@ ENSEMBLE_INPUTS: dict[str, np.dtype] = {
     "draft_method": np.object_,  # BYTES: draft_model | ngram | none
     "apply_chat_template": np.bool_,
 }
-ENSEMBLE_REQUIRED = ("text_input", "max_tokens")
 ENSEMBLE_OUTPUTS: dict[str, np.dtype] = {
     "text_output": np.object_,
     "total_draft_tokens": np.int32,
@@ -77,8 +76,10 @@ SPEC_DECODE_INPUTS: dict[str, np.dtype] = {
     "stream": np.bool_,
     "num_draft_tokens": np.int32,
     "draft_method": np.object_,
+    "cancel_sequence_id": np.uint64,  # a control request: cancel that running sequence
 }
 SPEC_DECODE_OUTPUTS: dict[str, np.dtype] = {
+    "sequence_id": np.uint64,  # [1] quoted by postprocessing to relay a client's cancellation
     "output_ids": np.int32,  # [-1] a window: context_length already-sent ids, then new ids
     "context_length": np.int32,  # [1]
     "is_final": np.bool_,  # [1]

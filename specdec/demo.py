@@ -33,7 +33,8 @@ async def _demo(grpc_url: str, profile: Profile, prompt: str, max_tokens: int) -
         await client.generate("Hello", warm)
         await client.generate("Hello", GenerationParams(max_tokens=4, num_draft_tokens=0))
 
-        console.rule(f"[bold]speculative decoding[/] ({spec_cfg.proposer}, k={spec_cfg.num_draft_tokens}), streamed")
+        drafts = f"up to {spec_cfg.num_draft_tokens} draft tokens" + (", adaptive" if spec_cfg.adaptive.enabled else "")
+        console.rule(f"[bold]speculative decoding[/] ({spec_cfg.proposer}, {drafts}), streamed")
         console.print(f"[dim]prompt:[/] {prompt}\n")
         spec = await client.generate(prompt, GenerationParams(max_tokens=max_tokens), on_chunk=_print_chunk)
         console.print()

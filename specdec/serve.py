@@ -20,9 +20,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.admission import CANCEL, DRAIN, drain_path
 from specdec.config import Profile
 
 CONTAINER_SERVER = Path("/opt/tritonserver")
+IN_FLIGHT = "specdec_requests_in_flight"
 
 
 class ServerError(RuntimeError):
@@ -140,6 +142,7 @@ class TritonServer:
 
     def start(self, foreground_log: bool = False) -> TritonServer:
         install = find_triton(self.profile.build_path())
+        drain_path(self.profile.build_path()).unlink(missing_ok=True)  # a crash may have left one
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         out = None if foreground_log else open(self.log_file, "wb")  # noqa: SIM115 - closed in stop()
         self._log_handle = out
@@ -169,8 +172,32 @@ class TritonServer:
             return ""
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
 
+    def requests_in_flight(self) -> float | None:
+        """spec_decode's gauge of running and queued requests; None if metrics do not answer."""
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as resp:
+                text = resp.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(IN_FLIGHT + "{"))
+
+    def drain(self, finish_seconds: float = 10.0, cancel_seconds: float = 5.0) -> None:
+        """Before SIGTERM (see specdec/admission.py): refuse new requests, give in-flight ones
+        `finish_seconds` to finish, then stop the rest at their next round."""
+        flag = drain_path(self.profile.build_path())
+        for state, seconds in ((DRAIN, finish_seconds), (CANCEL, cancel_seconds)):
+            flag.write_text(state)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and self.process is not None and self.process.poll() is None:
+                if not self.requests_in_flight():  # 0, or no metrics to ask: nothing to wait for
+                    return
+                time.sleep(0.2)
+
     def stop(self, timeout: float = 30.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.drain()
         proc, self.process = self.process, None
+        drain_path(self.profile.build_path()).unlink(missing_ok=True)
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -10,11 +10,10 @@ is released (a `stop` call) when the request ends, fails or is cancelled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
+import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,7 +21,9 @@ from typing import Protocol
 import numpy as np
 
 from specdec import loop
+from specdec.admission import CANCEL, Admission, drain_path
 from specdec.config import Profile
+from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
 from specdec.proposers import NgramProposer
 from specdec.sampling import SamplingParams, derive_seed
@@ -45,13 +46,12 @@ class EngineError(RuntimeError):
     """An engine call failed; the message is the engine's."""
 
 
-class Overloaded(RuntimeError):
-    """More requests than the server admits and queues."""
-
-
 class Metrics(Protocol):
     def round(self, proposer: str, num_draft: int, num_accepted: int) -> None: ...
     def finished(self, proposer: str, reason: str, num_tokens: int) -> None: ...
+    def fallback(self, proposer: str) -> None: ...
+    def draft_length(self, proposer: str, mean_k: float) -> None: ...
+    def in_flight(self, requests: int) -> None: ...
 
 
 class NoMetrics:
@@ -59,6 +59,15 @@ class NoMetrics:
         pass
 
     def finished(self, proposer: str, reason: str, num_tokens: int) -> None:
+        pass
+
+    def fallback(self, proposer: str) -> None:
+        pass
+
+    def draft_length(self, proposer: str, mean_k: float) -> None:
+        pass
+
+    def in_flight(self, requests: int) -> None:
         pass
 
 
@@ -82,13 +91,16 @@ class EngineClient:
         draft: loop.Draft = loop.NO_DRAFT,
         return_logits: bool = False,
     ) -> tuple[list[int], np.ndarray | None]:
+        # TensorRT-LLM decodes greedily with top_k 1 (its maintainers' advice; temperature 0
+        # alone is not documented as greedy there); our engine is greedy at temperature 0 anyway.
+        top_k = 1 if sampling.greedy else sampling.top_k
         inputs = {
             "input_ids": np.array([tokens], dtype=np.int32),
             "input_lengths": _scalar(len(tokens), np.int32),
             "request_output_len": _scalar(num_tokens, np.int32),
             "exclude_input_in_output": _scalar(True, np.bool_),
             "temperature": _scalar(sampling.temperature, np.float32),
-            "runtime_top_k": _scalar(sampling.top_k, np.int32),
+            "runtime_top_k": _scalar(top_k, np.int32),
             "runtime_top_p": _scalar(sampling.top_p, np.float32),
             "seed": _scalar(sampling.seed, np.uint64),
         }
@@ -119,6 +131,24 @@ class EngineClient:
         await self.call(self.model, inputs, [], key)
 
 
+def request_sampling(req: SpecDecodeRequest) -> SamplingParams:
+    """The request's sampling; a sampled request without a seed gets a random one, so that all
+    its rounds (and its draft) draw from one consistent stream."""
+    s = req.sampling
+    return s if s.greedy or req.seeded else SamplingParams(s.temperature, s.top_k, s.top_p, secrets.randbits(64))
+
+
+def request_end_id(req: SpecDecodeRequest) -> int | None:
+    """preprocessing sends -1 when the tokenizer has no end token."""
+    end_id = req.spec.end_id
+    return end_id if end_id is not None and end_id >= 0 else None
+
+
+def new_sequence_key() -> str:
+    """The request id a sequence has in the engines (their KV-cache key)."""
+    return f"specdec-{uuid.uuid4().hex}"
+
+
 @dataclass
 class Chunk:
     tokens: list[int]  # new tokens of this round
@@ -128,50 +158,21 @@ class Chunk:
 
 class SpecDecodeService:
     def __init__(self, profile: Profile, call: EngineCall, metrics: Metrics | None = None,
-                 target_model: str = "target", draft_model: str | None = "draft"):  # fmt: skip
+                 target_model: str = "target", draft_model: str | None = "draft",
+                 warn: Callable[[str], None] = log.warning):  # fmt: skip
         self.profile = profile
         self.target = EngineClient(call, target_model)
         self.draft = EngineClient(call, draft_model) if draft_model else None
         ngram = profile.speculation.ngram
         self.ngram = NgramProposer(ngram.min_n, ngram.max_n)
         self.metrics = metrics or NoMetrics()
-        # Admission: no more sequences in flight than the engines hold KV slots for; a bounded
-        # FIFO queue behind them; beyond it, an immediate refusal.
-        self.max_inflight = min(profile.server.max_inflight, profile.engine.kv_slots)
-        self.active = 0
-        self._queue: deque[asyncio.Future] = deque()
-
-    @contextlib.asynccontextmanager
-    async def _admitted(self):
-        if self.active < self.max_inflight:
-            self.active += 1
-        else:
-            if len(self._queue) >= self.profile.server.max_queue:
-                raise Overloaded(
-                    f"server busy: {self.active} requests in flight and {len(self._queue)} queued; retry later"
-                )
-            place = asyncio.get_running_loop().create_future()
-            self._queue.append(place)
-            try:
-                await place  # a finishing request hands its place over
-            except asyncio.CancelledError:
-                if not place.done():
-                    self._queue.remove(place)
-                    raise
-                self._hand_over()
-                raise
-        try:
-            yield
-        finally:
-            self._hand_over()
-
-    def _hand_over(self) -> None:
-        while self._queue:
-            place = self._queue.popleft()
-            if not place.done():
-                place.set_result(None)
-                return
-        self.active -= 1
+        self.warn = warn
+        self.controller = Controller(profile.speculation.adaptive)
+        self.admission = Admission(
+            min(profile.server.max_inflight, profile.engine.kv_slots),
+            profile.server.max_queue,
+            drain_path(profile.build_path()),
+        )
 
     def _proposer(self, name: str, sampling: SamplingParams, key: str, end_id: int | None) -> loop.Proposer:
         if name == "ngram":
@@ -186,10 +187,23 @@ class SpecDecodeService:
                 sampling.temperature, sampling.top_k, sampling.top_p, derive_seed(sampling.seed, DRAFT_SEED_SALT)
             )
 
+            failed = False
+
             async def draft_model(tokens: list[int], k: int) -> loop.Draft:
-                ids, logits = await self.draft.generate(
-                    tokens, k, draft_sampling, key, end_id, return_logits=not sampling.greedy
-                )
+                # A failing draft must not fail the request: the target alone decides every
+                # token anyway, so the request goes on without drafts (the same output).
+                nonlocal failed
+                if failed:
+                    return loop.NO_DRAFT
+                try:
+                    ids, logits = await self.draft.generate(
+                        tokens, k, draft_sampling, key, end_id, return_logits=not sampling.greedy
+                    )
+                except EngineError as err:
+                    failed = True
+                    self.metrics.fallback(name)
+                    self.warn(f"draft model failed, request {key} continues without speculation: {err}")
+                    return loop.NO_DRAFT
                 return loop.Draft(ids, logits)
 
             return draft_model
@@ -204,11 +218,8 @@ class SpecDecodeService:
     ) -> AsyncIterator[Chunk]:
         """Run one request; yield its chunks (the last has final=True). Stops within one round
         of a cancellation; always releases the engines' caches for the sequence."""
-        sampling = req.sampling
-        if not sampling.greedy and not req.seeded:
-            sampling = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, secrets.randbits(64))
-        key = f"specdec-{uuid.uuid4().hex}"
-        end_id = req.spec.end_id if req.spec.end_id is not None and req.spec.end_id >= 0 else None
+        sampling, end_id = request_sampling(req), request_end_id(req)
+        key = new_sequence_key()
         gen = loop.Generation(req.spec)
         propose = self._proposer(req.proposer, sampling, key, end_id)
 
@@ -216,21 +227,51 @@ class SpecDecodeService:
             ids, _ = await self.target.generate(tokens, len(draft.ids) + 1, sampling, key, end_id, draft)
             return ids
 
+        def choose_k(gen: loop.Generation) -> int:
+            return self.controller.choose_k(key, gen.draft_budget(gen.spec.num_draft_tokens))
+
         # The final chunk goes out only after the engines released the sequence: a client that
         # saw its last response never races the cleanup (nor a server shutdown with it).
+        def cancelled() -> bool:
+            return is_cancelled() or self.admission.state() == CANCEL
+
         final = Chunk([], True, gen)
-        async with self._admitted():
+        async with self.admission.admitted():
+            self.metrics.in_flight(self.admission.in_flight)
+            self._load_costs()
+            self.controller.start(key, req.proposer, req.spec.num_draft_tokens)
             try:
-                async for new in loop.run(gen, propose, verify, cancelled=is_cancelled):
-                    self.metrics.round(req.proposer, gen.stats.last_draft, gen.stats.last_accepted)
+                started = time.perf_counter()
+                async for new in loop.run(gen, propose, verify, choose_k, cancelled=cancelled):
+                    now = time.perf_counter()
+                    stats = gen.stats
+                    # the first round carries the prompt's prefill: no measure of a round's cost
+                    seconds = now - started if stats.rounds > 1 else 0.0
+                    rows = self.controller.rows_in_flight()
+                    self.controller.observe(key, stats.last_draft, stats.last_accepted, len(new), seconds, rows)
+                    self.metrics.round(req.proposer, stats.last_draft, stats.last_accepted)
+                    self.metrics.draft_length(req.proposer, self.controller.mean_k(req.proposer))
+                    started = now
                     if gen.finished:
                         final = Chunk(new, True, gen)
                     else:
                         yield Chunk(new, False, gen)
+                if gen.finish_reason == "cancelled" and not is_cancelled():
+                    gen.finish_reason = "shutdown"
             finally:
+                self.controller.finish(key)
                 await self._release(key, draft_used=req.proposer == "draft_model")
                 self.metrics.finished(req.proposer, gen.finish_reason or "error", len(gen.generated))
+        self.metrics.in_flight(self.admission.in_flight)
         yield final
+
+    def _load_costs(self) -> None:
+        """The engines write their calibration while they load: pick it up once it is there."""
+        build = self.profile.build_path()
+        if self.controller.target is None:
+            self.controller.target = ForwardCost.load(calibration_path(build, self.target.model))
+        if self.controller.draft is None and self.draft is not None:
+            self.controller.draft = ForwardCost.load(calibration_path(build, self.draft.model))
 
     async def _release(self, key: str, draft_used: bool) -> None:
         clients = [self.target] + ([self.draft] if draft_used and self.draft else [])

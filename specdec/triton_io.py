@@ -114,10 +114,16 @@ def parse_preprocess(inputs: dict, profile: Profile) -> PreprocessRequest:
     _check_max_tokens(max_tokens, profile)
     stop_words = []
     if "stop_words" in inputs:
-        for word in np.asarray(inputs["stop_words"]).reshape(-1):
+        words = np.asarray(inputs["stop_words"]).reshape(-1)
+        limits = profile.server
+        if len(words) > limits.max_stop_words:
+            raise InvalidInput(f"stop_words: at most {limits.max_stop_words} stop words, got {len(words)}")
+        for word in words:
             word = _text(word, "stop_words")
             if not word:
                 raise InvalidInput("stop_words: a stop word is empty")
+            if len(word.encode()) > limits.max_stop_word_bytes:
+                raise InvalidInput(f"stop_words: a stop word is longer than {limits.max_stop_word_bytes} bytes")
             stop_words.append(word)
     apply = _one(inputs, "apply_chat_template")
     return PreprocessRequest(
@@ -189,6 +195,9 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
         arr = np.asarray(inputs["stop_words_list"])
         if arr.ndim != 2 or arr.shape[0] != 2:
             raise InvalidInput(f"stop_words_list: expected shape [2, N], got {list(arr.shape)}")
+        limit = profile.server.max_stop_words * profile.server.max_stop_word_bytes
+        if arr.shape[1] > limit:
+            raise InvalidInput(f"stop_words_list: more than {limit} stop-word tokens")
         stop_words = stop_words_from_list(arr)
     end_id = _int(inputs, "end_id")
     params = _sampling(inputs, _ENSEMBLE_SAMPLING)
@@ -260,11 +269,14 @@ def empty_engine_outputs() -> dict[str, np.ndarray]:
 DETOKENIZE_CONTEXT = 8  # already-sent tokens repeated so a split UTF-8 character can be completed
 
 
-def spec_decode_outputs(sent: list[int], new: list[int], final: bool, stats: AcceptanceStats) -> dict[str, np.ndarray]:
-    """One spec_decode response: a window of recent tokens for postprocessing, and the request's
-    acceptance so far."""
+def spec_decode_outputs(
+    sent: list[int], new: list[int], final: bool, stats: AcceptanceStats, sequence_id: int
+) -> dict[str, np.ndarray]:
+    """One spec_decode response: a window of recent tokens for postprocessing, the request's
+    acceptance so far, and the id postprocessing quotes to relay a cancellation."""
     context = sent[-DETOKENIZE_CONTEXT:]
     return {
+        "sequence_id": np.array([[sequence_id]], dtype=np.uint64),
         "output_ids": np.array([context + new], dtype=np.int32),
         "context_length": np.array([[len(context)]], dtype=np.int32),
         "is_final": np.array([[final]], dtype=np.bool_),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -99,6 +100,33 @@ def tokenizer(smollm_dir):
     from specdec.tokenizer import TextTokenizer
 
     return TextTokenizer(smollm_dir)
+
+
+def variant_profile(base, smollm_dir: Path, name: str, draft_layers: int = 4, **updates):
+    """The embedded model under another name (its own build folder, the weights used in place),
+    built, for tests that need a server of their own."""
+    from specdec.build import build
+    from specdec.config import ModelSource
+
+    profile = base.model_copy(
+        update={
+            "name": name,
+            "target": ModelSource(hf_dir=str(smollm_dir)),
+            "draft": ModelSource(hf_dir=str(smollm_dir), num_layers=draft_layers),
+            **updates,
+        }
+    )
+    build(profile)
+    return profile
+
+
+@contextlib.contextmanager
+def variant_server(base, smollm_dir: Path, name: str, draft_layers: int = 4, **updates):
+    """A dedicated server for a test that breaks or stresses it (the shared one stays clean)."""
+    from specdec.serve import Ports, TritonServer
+
+    with TritonServer(variant_profile(base, smollm_dir, name, draft_layers, **updates), ports=Ports.free()) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

@@ -27,11 +27,17 @@ def _rows_alone(fn, x: np.ndarray) -> np.ndarray:
     return np.concatenate([fn(x[i : i + 1]) for i in range(len(x))])
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 17, 80])
-def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows):
+# The kernel CpuOps selects on this CPU (the four-row one where its rows agree with the one-row
+# loop, see kernels.rows_agree), and the one-row fallback.
+SELECTED = CpuOps()._matmul
+
+
+@pytest.mark.parametrize("kernel", [SELECTED, kernels.matmul_rowwise], ids=["selected", "rowwise"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 80])
+def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows, kernel):
     def linear(x):
         out = np.empty((len(x), len(data["w"])), np.float32)
-        kernels.linear(x, data["w"], out)
+        kernel(x, data["w"], out, False)
         return out
 
     x = data["x"][:rows]
@@ -40,10 +46,10 @@ def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows):
     np.testing.assert_allclose(together, x @ data["w"].T, rtol=1e-4, atol=1e-4)
 
 
-def test_linear_residual_adds_the_product(data):
-    x, w = data["x"][:4], data["w"]
-    res = np.ones((4, len(w)), np.float32)
-    kernels.linear_residual(x, w, res)
+def test_accumulate_adds_the_product(data):
+    x, w = data["x"][:6], data["w"]
+    res = np.ones((6, len(w)), np.float32)
+    SELECTED(x, w, res, True)
     np.testing.assert_allclose(res, 1 + x @ w.T, rtol=1e-4, atol=1e-4)
 
 

@@ -12,11 +12,12 @@ import pytest
 from conftest import write_tiny_llama
 from scipy.stats import chisquare
 
+from specdec.admission import Overloaded
 from specdec.config import parse_profile
 from specdec.engine.engine import Engine, GenerationRequest
 from specdec.loop import RequestSpec
 from specdec.sampling import SamplingParams
-from specdec.spec_decode import Overloaded, SpecDecodeService, local_call
+from specdec.spec_decode import SpecDecodeService, local_call
 from specdec.triton_io import SpecDecodeRequest
 
 

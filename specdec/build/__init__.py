@@ -7,10 +7,25 @@ from pathlib import Path
 from specdec.config import Profile
 
 
-def build(profile: Profile) -> Path:
-    """Everything `specdec serve` needs for this profile; returns the model repository."""
-    from specdec.build.cpu import build_models
+def build(profile: Profile, dry_run: bool = False) -> Path:
+    """Everything `specdec serve` needs for this profile; returns the model repository. With
+    dry_run, print what would run (for TensorRT-LLM: the exact commands) and write nothing."""
     from specdec.build.render import render_repository
 
-    build_models(profile)
+    if profile.backend == "tensorrtllm":
+        from specdec.build.trtllm import build_engines
+
+        build_engines(profile, dry_run=dry_run)
+    elif dry_run:
+        sources = {"target": profile.target, "draft": profile.draft}
+        for role, source in sources.items():
+            if source is not None:
+                print(f"# {role} weights: {profile.model_dir(role)} (from {source.hf_dir or source.gguf_file})")
+    else:
+        from specdec.build.cpu import build_models
+
+        build_models(profile)
+    if dry_run:
+        print(f"# render the model repository into {profile.repository_dir()}")
+        return profile.repository_dir()
     return render_repository(profile)

@@ -15,7 +15,8 @@ from pathlib import Path
 from safetensors.numpy import load_file, save_file
 
 from specdec.build.gguf_convert import convert_gguf, locate_gguf
-from specdec.config import ModelSource, Profile
+from specdec.build.vocabulary import vocabulary_mismatch
+from specdec.config import ModelSource, Profile, ProfileError
 from specdec.progress import console
 
 MARKER = ".specdec-source.json"
@@ -91,4 +92,7 @@ def build_models(profile: Profile) -> dict[str, Path]:
     dirs = {"target": build_role(profile, "target", profile.target, reuse)}
     if profile.draft is not None:
         dirs["draft"] = build_role(profile, "draft", profile.draft, reuse)
+        mismatch = vocabulary_mismatch(dirs["target"], dirs["draft"])
+        if mismatch:
+            raise ProfileError(f"draft: cannot draft for this target, {mismatch}; a draft needs the target's tokenizer")
     return dirs

@@ -12,6 +12,7 @@ from pathlib import Path
 from string import Template
 
 from specdec.config import REPO_ROOT, Profile
+from specdec.controller import calibration_path
 
 TEMPLATES = REPO_ROOT / "model_repository"
 
@@ -29,9 +30,13 @@ def copy_model(template_dir: Path, dest: Path, values: dict[str, object]) -> Non
     (dest / "config.pbtxt").write_text(render_file(template_dir / "config.pbtxt", values))
 
 
+def resolved_profile_path(profile: Profile) -> Path:
+    return profile.build_path() / "profile.json"
+
+
 def write_resolved_profile(profile: Profile) -> Path:
     """The profile the served models read: absolute paths, build_dir fixed."""
-    path = profile.build_path() / "profile.json"
+    path = resolved_profile_path(profile)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = profile.model_dump(mode="json")
     data["build_dir"] = str(profile.build_path())
@@ -47,8 +52,11 @@ def engine_values(profile: Profile, role: str) -> dict[str, object]:
         "kv_slots": eng.kv_slots,
         "max_seq_len": eng.max_seq_len,
         "threads": eng.threads,
+        # CPU engines of one server take turns at forward passes (see engine.ForwardLock)
+        "lock_file": str(profile.build_path() / "engine.lock") if eng.device == "cpu" else None,
     }
     return {
+        "calibration_file": calibration_path(profile.build_path(), role),
         "model_name": role,
         "model_dir": profile.model_dir(role),
         "max_batch_size": eng.max_batch_size,
@@ -60,20 +68,38 @@ def engine_values(profile: Profile, role: str) -> dict[str, object]:
     }
 
 
+def model_templates(profile: Profile) -> dict[str, tuple[Path, dict[str, object]]]:
+    """Each model of the profile's repository: its template folder and placeholder values. The
+    ensemble, pre/post-processing and spec_decode are the same for every backend."""
+    common = {
+        "profile_json": resolved_profile_path(profile),
+        "tokenizer_dir": profile.model_dir("target"),
+        "draft_model_name": "draft" if profile.draft is not None else "",
+    }
+    models = {
+        name: (TEMPLATES / name, common) for name in ("ensemble", "preprocessing", "postprocessing", "spec_decode")
+    }
+    if profile.backend == "tensorrtllm":
+        from specdec.build.trtllm import engine_models
+
+        return models | engine_models(profile)
+    models["target"] = (TEMPLATES / "pytorch_engine", engine_values(profile, "target"))
+    if profile.draft is not None:
+        models["draft"] = (TEMPLATES / "pytorch_engine", engine_values(profile, "draft"))
+    return models
+
+
+def render_configs(profile: Profile) -> dict[str, str]:
+    """Every config.pbtxt of the profile's repository, without writing anything."""
+    return {name: render_file(tpl / "config.pbtxt", values) for name, (tpl, values) in model_templates(profile).items()}
+
+
 def render_repository(profile: Profile) -> Path:
     dest = profile.repository_dir()
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    profile_json = write_resolved_profile(profile)
-    common = {
-        "profile_json": profile_json,
-        "tokenizer_dir": profile.model_dir("target"),
-        "draft_model_name": "draft" if profile.draft is not None else "",
-    }
-    for name in ("ensemble", "preprocessing", "postprocessing", "spec_decode"):
-        copy_model(TEMPLATES / name, dest / name, common)
-    copy_model(TEMPLATES / "pytorch_engine", dest / "target", engine_values(profile, "target"))
-    if profile.draft is not None:
-        copy_model(TEMPLATES / "pytorch_engine", dest / "draft", engine_values(profile, "draft"))
+    write_resolved_profile(profile)
+    for name, (template, values) in model_templates(profile).items():
+        copy_model(template, dest / name, values)
     return dest

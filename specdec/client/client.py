@@ -57,6 +57,9 @@ class Record:
     total_draft_rounds: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    # per chunk, the totals as that response reported them (output tokens, draft tokens, accepted,
+    # rounds): per-round acceptance and tokens per chunk come from their differences
+    totals: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -81,6 +84,9 @@ class Record:
             value = get(name)
             if value is not None:
                 setattr(self, name, int(value))
+        self.totals.append(
+            (self.num_output_tokens, self.total_draft_tokens, self.total_accepted_draft_tokens, self.total_draft_rounds)
+        )
 
 
 def _array(name: str, value, dtypes: dict) -> np.ndarray:
@@ -126,8 +132,11 @@ class TritonClient:
             inputs.append(tensor)
         return inputs
 
-    async def _stream(self, model: str, inputs: list, outputs: list[str]) -> AsyncIterator:
-        """Yield InferResult objects of one request until its final response."""
+    async def _stream(
+        self, model: str, inputs: list, outputs: list[str], cancel_after: int | None = None
+    ) -> AsyncIterator:
+        """Yield InferResult objects of one request until its final response, or cancel the
+        request (the client closing its stream) after `cancel_after` responses."""
 
         async def requests():
             yield {
@@ -140,24 +149,36 @@ class TritonClient:
         # Read the stream to its end (the server closes it after the final response): a stream
         # dropped half-read is cancelled, and Triton 2.51 then never lets its model unload.
         failure = None
-        async for result, error in self.client.stream_infer(requests()):
+        received = 0
+        responses = self.client.stream_infer(requests())
+        async for result, error in responses:
             if error is not None:
                 failure = failure or str(error)
             elif result.get_response().outputs:
                 yield result
+                received += 1
+                if received == cancel_after:
+                    responses.cancel()
+                    return
         if failure:
             raise RuntimeError(failure)
 
     async def generate(
-        self, prompt: str, params: GenerationParams, stream: bool = True, on_chunk: Callable[[str], None] | None = None
+        self,
+        prompt: str,
+        params: GenerationParams,
+        stream: bool = True,
+        on_chunk: Callable[[str], None] | None = None,
+        cancel_after: int | None = None,
     ) -> Record:
-        """Text through the ensemble; on_chunk(text) is called as each chunk arrives."""
+        """Text through the ensemble; on_chunk(text) is called as each chunk arrives; with
+        cancel_after, the client cancels the request after that many chunks."""
         values = {"text_input": prompt, "stream": stream, **params.tensors()}
         inputs = self._inputs(values, ENSEMBLE_INPUTS)
         outputs = ["text_output", *TOTALS]
         record = Record(start=time.perf_counter())
         try:
-            async for result in self._stream("ensemble", inputs, outputs):
+            async for result in self._stream("ensemble", inputs, outputs, cancel_after):
                 text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
                 record.chunks.append((time.perf_counter(), text))
                 if on_chunk is not None:
@@ -168,7 +189,9 @@ class TritonClient:
         record.end = time.perf_counter()
         return record
 
-    async def generate_ids(self, input_ids: list[int], params: GenerationParams, stream: bool = True) -> Record:
+    async def generate_ids(
+        self, input_ids: list[int], params: GenerationParams, stream: bool = True, cancel_after: int | None = None
+    ) -> Record:
         """Token ids through spec_decode directly (no tokenizer in the way)."""
         values = {"input_ids": list(input_ids), "stream": stream, **params.tensors()}
         for name in ("stop_words", "apply_chat_template"):
@@ -177,7 +200,7 @@ class TritonClient:
         outputs = ["output_ids", "context_length", *TOTALS]
         record = Record(start=time.perf_counter())
         try:
-            async for result in self._stream("spec_decode", inputs, outputs):
+            async for result in self._stream("spec_decode", inputs, outputs, cancel_after):
                 window = result.as_numpy("output_ids").reshape(-1).tolist()
                 context = int(result.as_numpy("context_length").reshape(-1)[0])
                 record.chunks.append((time.perf_counter(), window[context:]))

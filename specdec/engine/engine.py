@@ -2,13 +2,17 @@
 
 It implements what the TensorRT-LLM backend does for one call: given a sequence's full input
 ids, optional draft tokens (and draft logits) and a number of new tokens, it returns the accepted
-draft tokens plus one token of its own (a verification), or the new tokens (plain generation).
+draft tokens plus one token of its own (a verification: one forward pass), or the new tokens
+(plain generation: one forward pass per token).
 All requests of a call share each forward pass: their uncached context, drafts and decode rows
 are concatenated into one set of rows.
 """
 
 from __future__ import annotations
 
+import fcntl
+import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +76,26 @@ def _set_threads(threads: int | None) -> None:
     numba.set_num_threads(min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
 
 
+class ForwardLock:
+    """One forward pass at a time across the engine processes of a server (target and draft).
+    On a CPU they share the cores: two forwards at once make each wait for its threads that the
+    other one preempts, and both run far slower than one after the other."""
+
+    def __init__(self, path: str | Path | None):
+        self._file = None
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a")  # noqa: SIM115 - held for the engine's lifetime
+
+    def __enter__(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+
+
 class Engine:
     def __init__(
         self,
@@ -82,8 +106,10 @@ class Engine:
         kv_slots: int = 16,
         max_seq_len: int = 2048,
         threads: int | None = None,
+        lock_file: str | Path | None = None,
     ):
         _set_threads(threads)
+        self.forward_lock = ForwardLock(lock_file)
         self.model = Llama(Path(model_dir), device=device, dtype=dtype)
         self.max_seq_len = min(max_seq_len, self.model.cfg.max_position_embeddings)
         self.cache = self.model.new_cache(kv_slots, self.max_seq_len)
@@ -96,6 +122,27 @@ class Engine:
         """Run a tiny generation so kernels are compiled (or loaded from numba's cache) before
         the first real request, not during it."""
         self.generate([GenerationRequest(np.array([0, 1], dtype=np.int64), max_new_tokens=2, draft_ids=np.array([1]))])
+
+    def calibrate(self, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 3) -> dict[str, list]:
+        """Seconds of one forward by number of rows (the best of `repeats`): the cost model the
+        spec_decode controller starts from. Uses a free slot and leaves it free."""
+        rows = tuple(r for r in rows if r < self.max_seq_len)
+        slot, _, key = self.slots.acquire("", np.zeros(1, dtype=np.int64), set())
+        seconds = []
+        try:
+            for n in rows:
+                args = [torch.arange(n, device=self.device) % self.vocab_size, torch.arange(n, device=self.device)]
+                args += [torch.full((n,), slot, device=self.device), torch.arange(n, device=self.device)]
+                best = math.inf
+                for _ in range(repeats):
+                    with self.forward_lock:
+                        start = time.perf_counter()
+                        self.model.forward(self.cache, *args)
+                        best = min(best, time.perf_counter() - start)
+                seconds.append(best)
+        finally:
+            self.slots.release(key)
+        return {"rows": list(rows), "seconds": seconds}
 
     # ------------------------------------------------------------------ public API
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult | Exception]:
@@ -117,6 +164,11 @@ class Engine:
         first = True
         while pending := [s for s in seqs if not s.done]:
             self._step(pending, with_drafts=first)
+            if first:
+                # A verification is one forward pass: its accepted drafts and one token of the
+                # target's own, even when request_output_len (k + 1) would allow more.
+                for s in pending:
+                    s.done = s.done or (s.req.draft_ids is not None and len(s.req.draft_ids) > 0)
             first = False
 
         for s in seqs:
@@ -186,9 +238,10 @@ class Engine:
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
-        logits = self.model.forward(
-            self.cache, tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows)
-        )
+        with self.forward_lock:
+            logits = self.model.forward(
+                self.cache, tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows)
+            )
         offset = 0
         for s, d in zip(seqs, drafts, strict=True):
             rows = logits[offset : offset + len(d) + 1]

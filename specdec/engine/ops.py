@@ -15,6 +15,10 @@ from specdec.engine import kernels
 
 
 class CpuOps:
+    def __init__(self) -> None:
+        # one matmul for every row count, so a row's bits never depend on its batch
+        self._matmul = kernels.matmul if kernels.rows_agree() else kernels.matmul_rowwise
+
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)
         kernels.rmsnorm(x.numpy(), weight.numpy(), eps, out.numpy())
@@ -22,11 +26,11 @@ class CpuOps:
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
-        kernels.linear(x.numpy(), w.numpy(), out.numpy())
+        self._matmul(x.numpy(), w.numpy(), out.numpy(), False)
         return out
 
     def linear_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> None:
-        kernels.linear_residual(x.numpy(), w.numpy(), residual.numpy())
+        self._matmul(x.numpy(), w.numpy(), residual.numpy(), True)
 
     def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
         q = torch.empty(qkv.shape[0], n_heads, head_dim, dtype=qkv.dtype)

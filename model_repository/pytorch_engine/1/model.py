@@ -1,6 +1,7 @@
 """Triton adapter: the TensorRT-LLM backend's tensors <-> specdec.engine.Engine."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -27,8 +28,24 @@ def _response(arrays):
 class TritonPythonModel:
     def initialize(self, args):
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
-        self.engine = Engine(params["model_dir"], **json.loads(params["engine_options"]))
+        options = json.loads(params["engine_options"])
+        self.engine = Engine(params["model_dir"], **options)
         self.engine.warmup()
+        calibration = Path(params["calibration_file"])
+        calibration.parent.mkdir(parents=True, exist_ok=True)
+        calibration.write_text(json.dumps(self.engine.calibrate()))
+        labels = {"model": json.loads(args["model_config"])["name"]}
+        # a MetricFamily must outlive its metrics: keep both
+        self.families = [
+            pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.GAUGE)
+            for name, doc in (
+                ("specdec_kv_slots_in_use", "KV cache slots held by live sequences"),
+                ("specdec_kv_slots_total", "KV cache slots"),
+            )
+        ]
+        self.slots_in_use, slots_total = (family.Metric(labels=labels) for family in self.families)
+        slots_total.set(options["kv_slots"])
+        self.slots_total = slots_total
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -42,6 +59,7 @@ class TritonPythonModel:
                 continue
             if parsed is None:  # stop: the sequence ended or was cancelled
                 self.engine.release(request.request_id())
+                self.slots_in_use.set(self.engine.slots.in_use)
                 responses[i] = _response(empty_engine_outputs())
                 continue
             exclude = bool(np.asarray(inputs.get("exclude_input_in_output", False)).reshape(-1)[0])
@@ -58,4 +76,5 @@ class TritonPythonModel:
                 responses[i] = _error(str(result), code)
             else:
                 responses[i] = _response(engine_outputs(result, req, exclude))
+        self.slots_in_use.set(self.engine.slots.in_use)
         return responses

@@ -2,12 +2,15 @@
 
 import asyncio
 import json
+import secrets
 
 import triton_python_backend_utils as pb_utils
 
+from specdec.admission import Overloaded
 from specdec.config import load_profile
 from specdec.engine.model import LlamaConfig
-from specdec.spec_decode import EngineError, Overloaded, SpecDecodeService
+from specdec.passthrough import PassthroughService, drafts_in_engine
+from specdec.spec_decode import EngineError, SpecDecodeService
 from specdec.triton_io import InvalidInput, parse_spec_decode, request_inputs, spec_decode_outputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -30,8 +33,8 @@ class TritonMetrics:
     """Prometheus counters on Triton's metrics port, labelled by model and proposer."""
 
     def __init__(self, model):
-        def family(name, doc):
-            return pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.COUNTER)
+        def family(name, doc, kind=pb_utils.MetricFamily.COUNTER):
+            return pb_utils.MetricFamily(name=name, description=doc, kind=kind)
 
         self.model = model
         self.families = {
@@ -42,6 +45,13 @@ class TritonMetrics:
             "drafted_position": family("specdec_draft_tokens_per_position_total", "Draft tokens by draft position"),
             "requests": family("specdec_requests_total", "Finished requests by proposer and finish reason"),
             "tokens": family("specdec_output_tokens_total", "Generated tokens"),
+            "fallbacks": family("specdec_proposer_fallbacks_total", "Requests whose proposer failed midway"),
+            "in_flight": family(
+                "specdec_requests_in_flight", "Requests running or queued in spec_decode", pb_utils.MetricFamily.GAUGE
+            ),
+            "draft_length": family(
+                "specdec_draft_length", "Mean draft length of the requests in flight", pb_utils.MetricFamily.GAUGE
+            ),
         }
         self.cache = {}
 
@@ -62,6 +72,15 @@ class TritonMetrics:
             if i < num_accepted:
                 self._metric("position", proposer=proposer, position=str(i + 1)).increment(1)
 
+    def draft_length(self, proposer, mean_k):
+        self._metric("draft_length", proposer=proposer).set(mean_k)
+
+    def in_flight(self, requests):
+        self._metric("in_flight").set(requests)
+
+    def fallback(self, proposer):
+        self._metric("fallbacks", proposer=proposer).increment(1)
+
     def finished(self, proposer, reason, num_tokens):
         self._metric("requests", proposer=proposer, reason=reason).increment(1)
         self._metric("tokens", proposer=proposer).increment(num_tokens)
@@ -77,31 +96,55 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config["parameters"].items()}
         self.profile = load_profile(params["profile"])
         self.vocab_size = LlamaConfig.from_dir(self.profile.model_dir("target")).vocab_size
-        self.service = SpecDecodeService(
+        # In-engine speculation (TensorRT-LLM EAGLE-3, Medusa, ...): pass through to the target.
+        service = PassthroughService if drafts_in_engine(self.profile) else SpecDecodeService
+        self.service = service(
             self.profile,
             call_engine,
             TritonMetrics(config["name"]),
             target_model=params["target_model"],
             draft_model=params["draft_model"] or None,
+            warn=pb_utils.Logger.log_warn,
         )
+
+        self.live = {}  # sequence id -> cancelled by a relay from postprocessing
 
     async def execute(self, requests):
         await asyncio.gather(*(self._serve(r) for r in requests))
 
     async def _serve(self, request):
         sender = request.get_response_sender()
+        sequence_id = secrets.randbits(63)
         try:
-            req = parse_spec_decode(request_inputs(request), self.profile, self.vocab_size)
+            inputs = request_inputs(request)
+            if "cancel_sequence_id" in inputs:
+                # Triton 2.51's ensemble does not pass a client's cancellation on to this model;
+                # postprocessing sees it and relays it here (see postprocessing/1/model.py).
+                relayed = int(inputs["cancel_sequence_id"].reshape(-1)[0])
+                if relayed in self.live:
+                    self.live[relayed] = True
+                sender.send(flags=FINAL)
+                return
+            req = parse_spec_decode(inputs, self.profile, self.vocab_size)
+            self.live[sequence_id] = False
             sent = []  # tokens already sent, for the postprocessing window
             pending = []
-            async for chunk in self.service.serve(req, request.is_cancelled):
+
+            def cancelled():
+                return self.live[sequence_id] or request.is_cancelled()
+
+            async for chunk in self.service.serve(req, cancelled):
                 if chunk.gen.finish_reason == "cancelled":
                     sender.send(flags=FINAL)
                     return
+                if chunk.gen.finish_reason == "shutdown":
+                    raise Overloaded(
+                        f"server shutting down: the request stopped after {len(chunk.gen.generated)} tokens"
+                    )
                 pending += chunk.tokens
                 if req.stream or chunk.final:
-                    sender.send(_response(spec_decode_outputs(sent, pending, chunk.final, chunk.gen.stats)),
-                                flags=FINAL if chunk.final else 0)  # fmt: skip
+                    outputs = spec_decode_outputs(sent, pending, chunk.final, chunk.gen.stats, sequence_id)
+                    sender.send(_response(outputs), flags=FINAL if chunk.final else 0)
                     sent += pending
                     pending = []
         except InvalidInput as err:
@@ -122,3 +165,5 @@ class TritonPythonModel:
         except Exception as err:  # a bug must not leave the client waiting forever
             pb_utils.Logger.log_error(f"spec_decode: {type(err).__name__}: {err}")
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {err}")), flags=FINAL)
+        finally:
+            self.live.pop(sequence_id, None)

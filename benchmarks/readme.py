@@ -1,0 +1,127 @@
+"""The measurements behind the README's performance section, with the machine they ran on.
+
+    .venv/bin/python benchmarks/readme.py [--out benchmarks/results] [--quick]
+
+One tritonserver (the embedded profile) serves everything, on free ports:
+1. machine.json / machine.md: CPU model, cores, memory, GPUs, load averages at the start (a line per run);
+2. sweep/ (step "sweep"): `specdec bench` over a concurrency sweep on the grounded and the chat
+   workloads, the baseline, n-gram and draft-model speculation interleaved request by request on
+   the same prompts (the arms share the server);
+3. sweep-blocks/ (step "blocks"): the same with --interleave block (each arm alone on the server);
+4. peer.md / peer.json (step "peer"): Hugging Face transformers' greedy, prompt-lookup and assisted
+   generation in this process against the served baseline and speculation, same prompts, one at
+   a time.
+5. tables.md (step "tables"): the README's condensed tables, from the two sweeps' summary.csv.
+--steps runs some of them; --quick makes every count tiny (a smoke test, not numbers to publish).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from specdec.build import build
+from specdec.cli import main as specdec
+from specdec.client.machine import describe, summary_line
+from specdec.client.peer import compare, summary_markdown
+from specdec.client.workloads import chat, grounded, interleave
+from specdec.config import load_profile
+from specdec.progress import console, progress_bar
+from specdec.serve import Ports, TritonServer
+from specdec.tokenizer import TextTokenizer
+
+
+def condensed_table(summary_csv: Path) -> str:
+    """Per workload and concurrency: each arm's output tokens/s, TPOT p50 and speedup."""
+    rows = list(csv.DictReader(summary_csv.open()))
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    header = ["workload", "c", *(f"{a} tok/s (TPOT p50 ms)" for a in arms), *(f"{a} speedup" for a in arms[1:])]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    levels = list(dict.fromkeys((r["workload"], r["concurrency"]) for r in rows))
+    for workload, c in levels:
+        by_arm = {r["arm"]: r for r in rows if (r["workload"], r["concurrency"]) == (workload, c)}
+        cells = [f"{float(by_arm[a]['output_tokens_per_s']):.1f} ({float(by_arm[a]['tpot_p50_s']) * 1000:.0f})"
+                 for a in arms]  # fmt: skip
+        gains = [f"{float(by_arm[a]['speedup']):.2f}x" for a in arms[1:]]
+        lines.append("| " + " | ".join([workload, c, *cells, *gains]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(out: Path) -> None:
+    parts = []
+    for folder, title in (("sweep-blocks", "each arm alone on the server (--interleave block)"),
+                          ("sweep", "the arms sharing the server (--interleave request)")):  # fmt: skip
+        if (out / folder / "summary.csv").is_file():
+            parts.append(f"{title}:\n\n{condensed_table(out / folder / 'summary.csv')}")
+    (out / "tables.md").write_text("\n".join(parts))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--steps", default="sweep,blocks,peer")
+    args = ap.parse_args()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if args.steps == "tables":
+        write_tables(out)
+        return 0
+    machine = describe()
+    (out / "machine.json").write_text(json.dumps(machine, indent=1))
+    with (out / "machine.md").open("a") as f:  # one line per invocation
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M %Z')}, steps {args.steps}: {summary_line(machine)}; {machine['os']}; "
+                f"load averages at the start {machine['load_average']}\n")  # fmt: skip
+
+    sweep = {"concurrency": "1,2" if args.quick else "1,2,4,8", "requests": "2" if args.quick else "8",
+             "max_tokens": "16" if args.quick else "128"}  # fmt: skip
+    peer_prompts, peer_tokens = (2, 16) if args.quick else (6, 128)
+    k = 5
+
+    steps = set(args.steps.split(","))
+    profile = load_profile()
+    build(profile)
+    started = time.time()
+    with TritonServer(profile, ports=Ports.free()) as server:
+        for step, mode, folder in (("sweep", "request", "sweep"), ("blocks", "block", "sweep-blocks")):
+            if step not in steps:
+                continue
+            argv = ["bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
+                    "--server-pid", str(server.process.pid), "--interleave", mode,
+                    "--arms", f"baseline,ngram:{k},draft_model:{k}", "--workload", "grounded,chat",
+                    "--concurrency", sweep["concurrency"], "--num-requests", sweep["requests"],
+                    "--max-tokens", sweep["max_tokens"], "--warmup", "2",
+                    "--goodput", "ttft:2000", "tpot:100", "--output-dir", str(out / folder)]  # fmt: skip
+            if specdec(argv) != 0:
+                return 1
+        write_tables(out)
+        if "peer" not in steps:
+            return 0
+
+        tokenizer = TextTokenizer(profile.model_dir("target"))
+        prompts = interleave(grounded(peer_tokens), chat(peer_tokens))[:peer_prompts]
+        ids = [tokenizer.encode(tokenizer.chat_prompt(p.text)) for p in prompts]
+        draft_dir = profile.model_dir("draft") if profile.draft else None
+        with progress_bar() as progress:
+            task = progress.add_task("peer comparison", total=len(ids) * (6 if draft_dir else 4))
+            runs = compare(server.grpc_url, ids, peer_tokens, tokenizer.eos_id, profile.model_dir("target"),
+                           draft_dir, k, on_done=lambda _: progress.advance(task))  # fmt: skip
+    table = summary_markdown(runs)
+    (out / "peer.md").write_text(
+        f"{len(ids)} prompts (grounded and chat taking turns), greedy, {peer_tokens} new tokens at most, one "
+        f"request at a time, methods taking turns prompt by prompt; draft length {k}.\n\n{table}"
+    )
+    (out / "peer.json").write_text(json.dumps({"prompts": [asdict(p) for p in prompts],
+                                               "runs": [asdict(r) for r in runs]}, indent=1))  # fmt: skip
+    console.print(table, markup=False)
+    console.print(f"done in {(time.time() - started) / 60:.1f} min; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The four speed figures of the embedded default, each beside its baseline from the same run.
+
+    .venv/bin/python benchmarks/targets.py [--out benchmarks/results] [--max-tokens 64]
+
+1. plain decoding through the served engine at batch 1: tokens/s (1 / TPOT p50) and the weight
+   bandwidth it implies (weights read per token x tokens/s, as gpt-fast reports it);
+2. verification cost: one engine forward over k = 4 draft tokens + 1 against a one-token step
+   (in this process, best of many, the engine the server runs);
+3. prompt lookup on input-grounded prompts at batch 1: output tokens/s against no speculation;
+4. throughput of speculation (prompt lookup, adaptive draft length) against no speculation at
+   concurrency 1..32 on grounded and on open-ended chat prompts: the lowest ratio.
+The arms take turns in blocks on one server (specdec.client.loadgen); all texts are compared
+with the baseline's (greedy). Writes targets.md and targets.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specdec.build import build
+from specdec.client.loadgen import BASELINE, Arm, BenchConfig, Load, level_summaries, run_bench
+from specdec.client.machine import describe, summary_line
+from specdec.client.metrics import SLO
+from specdec.client.report import same_text_as_baseline
+from specdec.client.workloads import WorkloadOptions, load_workload
+from specdec.config import load_profile
+from specdec.engine.engine import Engine
+from specdec.progress import console
+from specdec.serve import Ports, TritonServer
+
+NGRAM = Arm("ngram", 8)
+CONCURRENCY = (1, 2, 4, 8, 16, 32)
+
+
+def verification_ratio(model_dir: Path, threads: int | None) -> tuple[float, float]:
+    """(seconds of a 1-row forward, of a 5-row forward): the best of 20 each."""
+    engine = Engine(model_dir, kv_slots=2, max_seq_len=256, threads=threads)
+    engine.warmup()
+    table = engine.calibrate(rows=(1, 5), repeats=20)
+    return table["seconds"][0], table["seconds"][1]
+
+
+def sweep(server: TritonServer, workload: str, concurrency: int, max_tokens: int) -> dict:
+    options = WorkloadOptions(max_tokens=max_tokens)
+    config = BenchConfig(
+        arms=(BASELINE, NGRAM),
+        loads=(Load(concurrency=concurrency),),
+        workloads=(workload,),
+        num_requests=max(8, 2 * concurrency),
+        warmup=1,
+        workload_options=options,
+    )
+    result = run_bench(config, {workload: load_workload(workload, options)}, server.grpc_url, server.metrics_url,
+                       server.process.pid)  # fmt: skip
+    (level,) = result.levels
+    summaries = level_summaries(level, config.arms, SLO())
+    base, spec = summaries[BASELINE.name], summaries[NGRAM.name]
+    same, total = same_text_as_baseline(level, NGRAM.name)
+    return {
+        "workload": workload,
+        "concurrency": concurrency,
+        "baseline_tok_s": base.output_throughput,
+        "ngram_tok_s": spec.output_throughput,
+        "ratio": spec.output_throughput / base.output_throughput if base.output_throughput else None,
+        "baseline_tpot_p50_s": base.tpot.p50 if base.tpot else None,
+        "ngram_tpot_p50_s": spec.tpot.p50 if spec.tpot else None,
+        "acceptance": spec.acceptance_rate,
+        "same_text": f"{same}/{total}",
+        "errors": len(result.errors),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
+    args = ap.parse_args(argv)
+    profile = load_profile()
+    build(profile)
+    machine = describe()
+    one_row, five_rows = verification_ratio(profile.model_dir("target"), profile.engine.threads)
+    weights = Engine(profile.model_dir("target"), kv_slots=1, max_seq_len=16).model.weight_bytes()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    rows = []
+    with TritonServer(profile, ports=Ports.free()) as server:
+        for workload in ("grounded", "chat"):
+            for c in levels:
+                rows.append(sweep(server, workload, c, args.max_tokens))
+                console.print(rows[-1])
+    first = {r["workload"]: r for r in rows if r["concurrency"] == 1}["grounded"]
+    plain_tok_s = 1 / first["baseline_tpot_p50_s"]
+    worst = min(rows, key=lambda r: r["ratio"] or 0)
+    figures = [
+        ("plain decoding at batch 1 (served)", f"{plain_tok_s:.1f} tokens/s, {weights * plain_tok_s / 1e9:.1f} GB/s",
+         ">= 20 tokens/s"),
+        ("verify k=4 / one-token step (engine)", f"{five_rows / one_row:.2f}x ({five_rows * 1e3:.1f} / "
+         f"{one_row * 1e3:.1f} ms)", "<= 1.2x"),
+        ("prompt lookup, grounded, batch 1", f"{first['ratio']:.2f}x ({first['ngram_tok_s']:.1f} vs "
+         f"{first['baseline_tok_s']:.1f} tokens/s)", ">= 2.5x"),
+        ("lowest speculation / baseline throughput, c=" + ",".join(map(str, levels)),
+         f"{worst['ratio']:.2f}x ({worst['workload']}, c={worst['concurrency']})", ">= 0.97x"),
+    ]  # fmt: skip
+    lines = [f"Machine: {summary_line(machine)}.", "", "| figure | measured | target |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {target} |" for name, value, target in figures]
+    lines += [
+        "",
+        "| workload | c | baseline tok/s | ngram tok/s | ratio | acceptance | same text |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        acceptance = f"{r['acceptance']:.0%}" if r["acceptance"] is not None else "-"
+        lines.append(f"| {r['workload']} | {r['concurrency']} | {r['baseline_tok_s']:.1f} | {r['ngram_tok_s']:.1f} | "
+                     f"{r['ratio']:.2f}x | {acceptance} | {r['same_text']} |")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "targets.md").write_text("\n".join(lines) + "\n")
+    (args.out / "targets.json").write_text(
+        json.dumps({"machine": machine, "figures": figures, "levels": rows}, indent=1)
+    )
+    console.print("\n".join(lines))
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

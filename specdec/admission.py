@@ -1,0 +1,87 @@
+"""Which requests run now, which wait, which are refused; and the drain before a shutdown.
+
+At most `max_inflight` sequences run (the engines hold a KV-cache slot for each), up to
+`max_queue` more wait in FIFO order, and beyond that a request is refused at once.
+
+Shutdown: after SIGTERM, Triton 2.51 refuses every new inference request, BLS calls and the
+ensemble's own steps included, so a request still generating can neither continue nor send its
+last response through postprocessing. `specdec serve` therefore drains first, through a file in
+the build folder that spec_decode reads: "drain" refuses new requests while in-flight ones
+finish; "cancel" then stops those left at their next round (they end with UNAVAILABLE); only
+when none is in flight does tritonserver get its SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from pathlib import Path
+
+DRAIN, CANCEL = "drain", "cancel"
+
+
+class Overloaded(RuntimeError):
+    """More requests than the server runs and queues, or a server shutting down."""
+
+
+def drain_path(build_dir: Path) -> Path:
+    return build_dir / "draining"
+
+
+def drain_state(path: Path) -> str:
+    """ "" while serving normally, DRAIN, or CANCEL."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+class Admission:
+    def __init__(self, max_inflight: int, max_queue: int, drain_file: Path | None = None):
+        self.max_inflight, self.max_queue = max_inflight, max_queue
+        self.drain_file = drain_file
+        self.active = 0
+        self._queue: deque[asyncio.Future] = deque()
+
+    @property
+    def in_flight(self) -> int:
+        """Running and waiting requests."""
+        return self.active + len(self._queue)
+
+    def state(self) -> str:
+        return drain_state(self.drain_file) if self.drain_file else ""
+
+    @contextlib.asynccontextmanager
+    async def admitted(self):
+        if self.state():
+            raise Overloaded("server shutting down: not accepting new requests")
+        if self.active < self.max_inflight:
+            self.active += 1
+        else:
+            if len(self._queue) >= self.max_queue:
+                raise Overloaded(
+                    f"server busy: {self.active} requests in flight and {len(self._queue)} queued; retry later"
+                )
+            place = asyncio.get_running_loop().create_future()
+            self._queue.append(place)
+            try:
+                await place  # a finishing request hands its place over
+            except asyncio.CancelledError:
+                if not place.done():
+                    self._queue.remove(place)
+                    raise
+                self._hand_over()
+                raise
+        try:
+            yield
+        finally:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        while self._queue:
+            place = self._queue.popleft()
+            if not place.done():
+                place.set_result(None)
+                return
+        self.active -= 1

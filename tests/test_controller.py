@@ -1,0 +1,122 @@
+"""The draft-length controller: Leviathan's expectation, the cost model, and the decisions it
+takes at different acceptance rates and loads."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdec.config import AdaptiveOptions
+from specdec.controller import Controller, ForwardCost, expected_tokens
+
+ROWS = [1, 2, 4, 8, 16, 32, 64]
+
+
+def cpu_like_cost() -> ForwardCost:
+    """20 ms to stream the weights, then 1.5 ms per row of compute (this machine's shape)."""
+    return ForwardCost(ROWS, [0.020 + 0.0015 * r for r in ROWS])
+
+
+def controller(**options) -> Controller:
+    return Controller(AdaptiveOptions(**options), target=cpu_like_cost())
+
+
+def settle(ctl: Controller, keys: list[str], acceptance: float, rounds: int = 60) -> list[int]:
+    """Run rounds where each draft token is accepted with probability `acceptance` (until the
+    first rejection); return the draft lengths of the last round."""
+    rng = random.Random(0)
+    ks = []
+    for _ in range(rounds):
+        ks = [ctl.choose_k(key, 8) for key in keys]
+        rows = ctl.rows_in_flight()
+        seconds = ctl.target.time(rows)
+        for key, k in zip(keys, ks, strict=True):
+            accepted = 0
+            while accepted < k and rng.random() < acceptance:
+                accepted += 1
+            ctl.observe(key, k, accepted, accepted + 1, seconds, rows)
+    return ks
+
+
+def test_expected_tokens_follows_leviathan():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_forward_cost_interpolates_extrapolates_and_tracks_observations():
+    cost = cpu_like_cost()
+    assert cost.time(3) == pytest.approx(0.020 + 0.0015 * 3)
+    assert cost.time(128) == pytest.approx(0.020 + 0.0015 * 128)
+    assert cost.marginal(10) == pytest.approx(0.0015)
+    for _ in range(50):
+        cost.observe(8, 2 * (0.020 + 0.0015 * 8))  # the machine got twice as slow
+    assert cost.time(8) == pytest.approx(2 * (0.020 + 0.0015 * 8), rel=0.01)
+
+
+def test_an_idle_server_drafts_long_when_drafts_are_accepted():
+    ctl = controller()
+    ctl.start("a", "ngram", 8)
+    assert settle(ctl, ["a"], acceptance=0.9) == [8]
+
+
+def test_drafts_that_are_rejected_stop_being_made():
+    ctl = controller(probe_every=1000)
+    ctl.start("a", "ngram", 8)
+    assert settle(ctl, ["a"], acceptance=0.0) == [0]
+
+
+@pytest.mark.parametrize("acceptance", [0.3, 0.5, 0.7, 0.9])
+def test_the_chosen_lengths_come_close_to_the_best_fixed_length_at_every_load(acceptance):
+    """Against the cost model, the throughput of the controller's choices is within 10% of the
+    best common draft length, and never below plain decoding: drafts shrink as the batch grows
+    (every extra row costs compute another request's plain step would have used) and stop when
+    they no longer pay."""
+    cost = cpu_like_cost()
+    for batch in (1, 2, 4, 8, 16, 32):
+        ctl = controller(probe_every=1000)
+        keys = [f"r{i}" for i in range(batch)]
+        for key in keys:
+            ctl.start(key, "ngram", 8)
+        ks = settle(ctl, keys, acceptance, rounds=100)
+
+        def throughput(lengths: list[int]) -> float:
+            tokens = sum(expected_tokens(acceptance, k) for k in lengths)
+            return tokens / cost.time(sum(k + 1 for k in lengths))
+
+        best = max(throughput([k] * batch) for k in range(9))
+        assert throughput(ks) >= 0.9 * best, (batch, ks)
+        assert throughput(ks) >= 0.97 * throughput([0] * batch), (batch, ks)
+
+
+def test_drafts_shrink_with_load():
+    chosen = {}
+    for batch in (1, 32):
+        ctl = controller(probe_every=1000)
+        keys = [f"r{i}" for i in range(batch)]
+        for key in keys:
+            ctl.start(key, "ngram", 8)
+        chosen[batch] = max(settle(ctl, keys, acceptance=0.5, rounds=100))
+    assert chosen[1] >= 2 and chosen[32] == 0
+
+
+def test_a_request_without_drafts_probes_now_and_then():
+    ctl = controller(probe_every=4)
+    ctl.start("a", "ngram", 8)
+    settle(ctl, ["a"], acceptance=0.0)
+    ks = [ctl.choose_k("a", 8) for _ in range(8)]
+    assert ks.count(1) == 2 and ks.count(0) == 6
+
+
+def test_disabled_controller_uses_the_requested_length():
+    ctl = controller(enabled=False)
+    ctl.start("a", "ngram", 5)
+    assert settle(ctl, ["a"], acceptance=0.0) == [5]
+    assert ctl.choose_k("a", 3) == 3  # never more than the remaining budget
+
+
+def test_without_a_calibration_the_requested_length_is_used():
+    ctl = Controller(AdaptiveOptions())
+    ctl.start("a", "draft_model", 4)
+    assert ctl.choose_k("a", 8) == 4

@@ -1,0 +1,51 @@
+"""The rendered GPU repository's Python models load in the CPU tritonserver (the engines need the
+tensorrtllm backend and a GPU, so only they stay out): preprocessing, postprocessing, and
+spec_decode with its pass-through hook, for an in-engine profile pointed at a tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from trtllm_checkpoints import tiny_profile
+
+from specdec.build.render import render_repository
+from specdec.serve import Ports, TritonServer
+
+PYTHON_MODELS = ("preprocessing", "postprocessing", "spec_decode")
+
+
+class PythonModelsOnly(TritonServer):
+    def command(self, install):
+        argv = [a for a in super().command(install) if not a.startswith("--model-control-mode")]
+        return [*argv, "--model-control-mode=explicit", *(f"--load-model={m}" for m in PYTHON_MODELS)]
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.server
+def test_python_models_of_the_gpu_repository_load(tmp_path):
+    profile = tiny_profile("lookahead", tmp_path)
+    repo = render_repository(profile)
+    assert (repo / "target" / "config.pbtxt").read_text().count('backend: "tensorrtllm"') == 1
+    with PythonModelsOnly(profile, ports=Ports.free()) as server:
+        for model in PYTHON_MODELS:
+            with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/ready", timeout=5) as r:
+                assert r.status == 200
+        answer = _post(
+            f"http://{server.http_url}/v2/models/preprocessing/infer",
+            {
+                "inputs": [
+                    {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["w5 w7"]},
+                    {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [4]},
+                    {"name": "apply_chat_template", "datatype": "BOOL", "shape": [1, 1], "data": [False]},
+                ]
+            },
+        )
+        outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+        assert outputs["input_ids"] == [5, 7] and outputs["end_id_out"] == [1]
