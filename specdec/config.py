@@ -6,12 +6,13 @@ A profile is data only: it names files, packages and numbers, never code to impo
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -254,6 +255,16 @@ class ServerOptions(_Strict):
     max_tokens_limit: Annotated[int, Field(ge=1)] = 4096
     max_stop_words: Annotated[int, Field(ge=0)] = 16
     max_stop_word_bytes: Annotated[int, Field(ge=1)] = 256
+
+    @field_validator("host")
+    @classmethod
+    def _an_address(cls, host: str) -> str:
+        if host != "localhost":
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                raise ValueError(f"{host!r} is not an IP address (127.0.0.1 keeps the server local)") from None
+        return host
 
 
 class Profile(_Strict):

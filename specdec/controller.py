@@ -3,14 +3,16 @@
 A round verifies k draft tokens with acceptance rate a and yields E(k) = (1 - a^(k+1)) / (1 - a)
 tokens (Leviathan et al. 2023). Its cost is the target forward over all rows in flight, plus the
 draft model's steps when there is one. Adding the j-th draft token of a request adds a^j expected
-tokens and one row's worth of time dT to a round of every request; at throughput R (tokens/s of
-the server) that pays iff a^j > R * dT. So each request drafts the largest k whose last token
-still passes that bar: long drafts when the server is idle (a forward over a few extra rows costs
-little more than one row), shorter ones as rows pile up, none when they no longer pay.
+tokens and one row's worth of time dT to a round of every request; a round of the requests in
+flight yields R = sum E / T tokens per second, so that token pays iff a^j > R * dT. Each request
+drafts the largest k whose last token still passes that bar: long drafts when the server is idle
+(a forward over a few extra rows costs little more than one row), shorter ones as rows pile up,
+none when they no longer pay. R comes from the same cost model as dT, not from the server's
+measured throughput: that one also counts prefills and idle clients, which would lower the bar.
 
-Costs come from the engines' start-up calibration (forward time by row count, written to the
-build folder by each engine model) scaled by how the observed round times compare (kept current);
-acceptance is a per-request estimate that starts from the proposer's recent average.
+Costs come from the engines' forward times by row count: calibrated at start-up and kept current
+by the engines from the forwards they run (the calibration files in the build folder); acceptance
+is a per-request estimate that starts from the proposer's recent average.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ import numpy as np
 
 from specdec.config import AdaptiveOptions
 
-THROUGHPUT_WEIGHT = 0.2  # of the newest round in the server's throughput estimate
-
 
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens a round yields: accepted drafts plus the target's own token."""
@@ -36,12 +36,11 @@ def expected_tokens(acceptance: float, k: int) -> float:
 
 @dataclass
 class ForwardCost:
-    """Seconds of one engine forward as a function of the rows it computes, interpolated from a
-    calibration table and scaled by an online correction factor."""
+    """Seconds of one engine forward as a function of the rows it computes: interpolated from a
+    table by row count, extrapolated linearly beyond it, updated from observed forwards."""
 
     rows: list[int]
     seconds: list[float]
-    scale: float = 1.0
 
     @classmethod
     def load(cls, path: Path) -> ForwardCost | None:
@@ -50,21 +49,31 @@ class ForwardCost:
         table = json.loads(path.read_text())
         return cls([int(r) for r in table["rows"]], [float(s) for s in table["seconds"]])
 
+    def to_json(self) -> str:
+        return json.dumps({"rows": self.rows, "seconds": self.seconds})
+
     def time(self, rows: float) -> float:
         rows = max(rows, 1.0)
         if rows > self.rows[-1]:  # extrapolate with the last segment's slope
             slope = (self.seconds[-1] - self.seconds[-2]) / (self.rows[-1] - self.rows[-2])
-            return self.scale * (self.seconds[-1] + slope * (rows - self.rows[-1]))
-        return self.scale * float(np.interp(rows, self.rows, self.seconds))
+            return self.seconds[-1] + slope * (rows - self.rows[-1])
+        return float(np.interp(rows, self.rows, self.seconds))
 
     def marginal(self, rows: float) -> float:
         """Seconds one more row adds."""
-        return self.time(rows + 1) - self.time(rows)
+        return max(self.time(rows + 1) - self.time(rows), 0.0)
 
-    def observe(self, rows: float, seconds: float, weight: float = 0.1) -> None:
-        predicted = self.time(rows) / self.scale
-        if predicted > 0 and seconds > 0:
-            self.scale += weight * (min(seconds / predicted, 10.0) - self.scale)
+    def observe(self, rows: int, seconds: float, weight: float = 0.05) -> None:
+        """Move the table entry nearest to `rows` (in ratio) toward this forward's time, carried
+        to that entry's row count along the table's current shape."""
+        if seconds <= 0 or rows < 1:
+            return
+        i = int(np.argmin([abs(math.log(rows / r)) for r in self.rows]))
+        observed = seconds * self.time(self.rows[i]) / self.time(rows)
+        # one stalled forward (the OS, another process) must not swing the table: clip its pull
+        observed = min(max(observed, 0.5 * self.seconds[i]), 2.0 * self.seconds[i])
+        self.seconds[i] += weight * (observed - self.seconds[i])
+        self.seconds = list(np.maximum.accumulate(self.seconds))  # more rows never cost less
 
 
 @dataclass
@@ -101,7 +110,6 @@ class Controller:
     draft: ForwardCost | None = None
     prior: dict[str, float] = field(default_factory=dict)  # proposer -> recent acceptance
     requests: dict[str, RequestState] = field(default_factory=dict)
-    throughput: float = 0.0  # tokens/s of the whole server, an EMA over rounds
 
     # --- request life cycle -----------------------------------------------------------------------
     def start(self, key: str, proposer: str, limit: int) -> None:
@@ -131,23 +139,31 @@ class Controller:
             k = min(state.k, limit)
         k = max(k, min(self.options.min_draft_tokens, limit))
         if k == 0:
-            # Without drafts there is no news of the acceptance: probe now and then.
+            # Without drafts there is no news of this request's acceptance: probe now and then,
+            # when the proposer's recent average elsewhere says a draft token would pay (under
+            # load it would not, and a probe is then a row of pure cost).
             state.rounds_without_drafts += 1
-            if state.rounds_without_drafts >= self.options.probe_every:
+            proposer_rate = self.prior.get(state.proposer, self.options.prior_acceptance)
+            if state.rounds_without_drafts >= self.options.probe_every and proposer_rate > bar:
                 state.rounds_without_drafts = 0
                 k = 1
         state.k = k
         return k
 
     def _bar(self, state: RequestState) -> float:
-        """Expected tokens a draft token must bring to pay for its time: throughput x marginal cost."""
+        """Expected tokens a draft token must bring to pay for its time: the round's tokens per
+        second (R) x the time the token adds (dT)."""
         rows = self.rows_in_flight()
+        drafting = [s for s in self.requests.values() if s.proposer == "draft_model"]
+        round_time = self.target.time(rows)
         cost = self.target.marginal(rows)
-        if state.proposer == "draft_model" and self.draft is not None:
-            batch = sum(1 for s in self.requests.values() if s.proposer == "draft_model")
-            cost += self.draft.time(batch) / max(batch, 1)  # one more draft step, shared by the batch
-        throughput = self.throughput or len(self.requests) / self.target.time(rows)
-        return throughput * cost
+        if drafting and self.draft is not None:
+            step = self.draft.time(len(drafting))  # one draft step for the whole draft batch
+            round_time += max(s.k for s in drafting) * step
+            if state.proposer == "draft_model":
+                cost += step / len(drafting)
+        tokens = sum(expected_tokens(min(s.acceptance.rate, 0.99), s.k) for s in self.requests.values())
+        return tokens / round_time * cost
 
     def _within_hysteresis(self, rate: float, bar: float, j: int) -> bool:
         """Is the j-th draft token's worth too close to the bar to justify changing k?"""
@@ -155,21 +171,13 @@ class Controller:
         return bar * (1 - margin) < rate**j < bar * (1 + margin)
 
     # --- observations -----------------------------------------------------------------------------
-    def observe(self, key: str, drafted: int, accepted: int, emitted: int, seconds: float, rows: int) -> None:
+    def observe(self, key: str, drafted: int, accepted: int) -> None:
         state = self.requests.get(key)
-        if state is None:
+        if state is None or not drafted:
             return
-        decay = 1.0 - self.options.ema_alpha
-        if drafted:
-            state.acceptance.observe(drafted, accepted, decay)
-            prior = self.prior.get(state.proposer, self.options.prior_acceptance)
-            self.prior[state.proposer] = prior + self.options.ema_alpha * (accepted / drafted - prior)
-        if seconds > 0:
-            if self.target is not None:
-                self.target.observe(rows, seconds)
-            # each request contributes its own rate; the server's is their sum over the batch
-            rate = emitted / seconds * max(len(self.requests), 1)
-            self.throughput += THROUGHPUT_WEIGHT * (rate - self.throughput)
+        state.acceptance.observe(drafted, accepted, 1.0 - self.options.ema_alpha)
+        prior = self.prior.get(state.proposer, self.options.prior_acceptance)
+        self.prior[state.proposer] = prior + self.options.ema_alpha * (accepted / drafted - prior)
 
     def mean_k(self, proposer: str) -> float:
         ks = [s.k for s in self.requests.values() if s.proposer == proposer]

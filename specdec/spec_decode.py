@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -40,6 +41,7 @@ log = logging.getLogger("specdec.spec_decode")
 EngineCall = Callable[[str, dict[str, np.ndarray], list[str], str], Awaitable[dict[str, np.ndarray]]]
 
 DRAFT_SEED_SALT = 0xD2AF7  # the draft's sampling noise must be independent of the target's
+COST_CHECK_S = 2.0  # how often to look for a newer calibration of the engines' forward times
 
 
 class EngineError(RuntimeError):
@@ -168,6 +170,8 @@ class SpecDecodeService:
         self.metrics = metrics or NoMetrics()
         self.warn = warn
         self.controller = Controller(profile.speculation.adaptive)
+        self._costs_checked = -math.inf
+        self._cost_mtimes: dict[str, float] = {}
         self.admission = Admission(
             min(profile.server.max_inflight, profile.engine.kv_slots),
             profile.server.max_queue,
@@ -241,17 +245,11 @@ class SpecDecodeService:
             self._load_costs()
             self.controller.start(key, req.proposer, req.spec.num_draft_tokens)
             try:
-                started = time.perf_counter()
                 async for new in loop.run(gen, propose, verify, choose_k, cancelled=cancelled):
-                    now = time.perf_counter()
                     stats = gen.stats
-                    # the first round carries the prompt's prefill: no measure of a round's cost
-                    seconds = now - started if stats.rounds > 1 else 0.0
-                    rows = self.controller.rows_in_flight()
-                    self.controller.observe(key, stats.last_draft, stats.last_accepted, len(new), seconds, rows)
+                    self.controller.observe(key, stats.last_draft, stats.last_accepted)
                     self.metrics.round(req.proposer, stats.last_draft, stats.last_accepted)
                     self.metrics.draft_length(req.proposer, self.controller.mean_k(req.proposer))
-                    started = now
                     if gen.finished:
                         final = Chunk(new, True, gen)
                     else:
@@ -266,12 +264,21 @@ class SpecDecodeService:
         yield final
 
     def _load_costs(self) -> None:
-        """The engines write their calibration while they load: pick it up once it is there."""
+        """The engines write their calibration while they load and keep it current while they
+        serve: pick up each new version (checked at most every COST_CHECK_S)."""
+        now = time.monotonic()
+        if now - self._costs_checked < COST_CHECK_S:
+            return
+        self._costs_checked = now
         build = self.profile.build_path()
-        if self.controller.target is None:
-            self.controller.target = ForwardCost.load(calibration_path(build, self.target.model))
-        if self.controller.draft is None and self.draft is not None:
-            self.controller.draft = ForwardCost.load(calibration_path(build, self.draft.model))
+        for role, client in (("target", self.target), ("draft", self.draft)):
+            if client is None:
+                continue
+            path = calibration_path(build, client.model)
+            mtime = path.stat().st_mtime if path.is_file() else None
+            if mtime is not None and mtime != self._cost_mtimes.get(role):
+                self._cost_mtimes[role] = mtime
+                setattr(self.controller, role, ForwardCost.load(path))
 
     async def _release(self, key: str, draft_used: bool) -> None:
         clients = [self.target] + ([self.draft] if draft_used and self.draft else [])

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 
 import numpy as np
 import pytest
 from conftest import write_tiny_llama
 from scipy.stats import chisquare
 
+from specdec import spec_decode
 from specdec.admission import Overloaded
 from specdec.config import parse_profile
+from specdec.controller import calibration_path
 from specdec.engine.engine import Engine, GenerationRequest
 from specdec.loop import RequestSpec
 from specdec.sampling import SamplingParams
@@ -21,10 +24,11 @@ from specdec.spec_decode import SpecDecodeService, local_call
 from specdec.triton_io import SpecDecodeRequest
 
 
-def make_service(target, draft, *, kv_slots=16, max_queue=64, max_inflight=64):
+def make_service(target, draft, *, kv_slots=16, max_queue=64, max_inflight=64, build_dir=None):
     profile = parse_profile(
         {
             "name": "tiny",
+            "build_dir": str(build_dir) if build_dir else None,
             "target": {"hf_dir": str(target)},
             "draft": {"hf_dir": str(draft)},
             "engine": {"kv_slots": kv_slots, "max_seq_len": 256, "threads": 1},
@@ -244,3 +248,21 @@ def _softmax(x):
 def _chunks(items, size):
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+def test_the_controller_follows_the_costs_the_engines_publish(tiny_target, tiny_draft, tmp_path, monkeypatch):
+    """Engines record every forward's rows and time; the table they publish (calibration at
+    start-up, then kept current) is what the controller decides with, each new version picked up."""
+    monkeypatch.setattr(spec_decode, "COST_CHECK_S", 0.0)
+    service, engines = make_service(tiny_target, tiny_draft, build_dir=tmp_path)
+    path = calibration_path(tmp_path, "target")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"rows": [1, 8], "seconds": [0.01, 0.02]}')
+    run_all(service, [request(PROMPTS[4], max_tokens=4)])
+    assert service.controller.target.seconds == [0.01, 0.02]
+    prompt_rows, first_seconds = engines["target"].recent_forwards[0]
+    assert prompt_rows == len(PROMPTS[4]) and first_seconds > 0
+    path.write_text('{"rows": [1, 8], "seconds": [0.03, 0.05]}')
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
+    run_all(service, [request(PROMPTS[0], max_tokens=4)])
+    assert service.controller.target.seconds == [0.03, 0.05]

@@ -23,11 +23,17 @@ MARKER = ".specdec-source.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
-def _fingerprint(source: ModelSource) -> dict:
+def _fingerprint(role: str, source: ModelSource) -> dict:
+    """What a conversion was made from; refuses (naming the profile key) when the weights are missing."""
     if source.gguf_package:
-        path = locate_gguf(source.gguf_package, source.gguf_file or "")
+        try:
+            path = locate_gguf(source.gguf_package, source.gguf_file or "")
+        except FileNotFoundError as err:
+            raise ProfileError(f"{role}.gguf_file: {err}") from None
         stat = path.stat()
         return {"gguf": str(path), "size": stat.st_size, "mtime": int(stat.st_mtime), "num_layers": source.num_layers}
+    if not (Path(source.hf_dir or "") / "config.json").is_file():
+        raise ProfileError(f"{role}.hf_dir: no Hugging Face checkpoint at {source.hf_dir} (no config.json)")
     return {"hf_dir": source.hf_dir, "num_layers": source.num_layers}
 
 
@@ -59,9 +65,9 @@ def truncate_layers(src: Path, dest: Path, num_layers: int) -> None:
 def build_role(profile: Profile, role: str, source: ModelSource, reuse: dict[str, Path]) -> Path:
     """Materialize one model; `reuse` maps full (untruncated) conversions done in this build."""
     dest = profile.model_dir(role)
+    fingerprint = _fingerprint(role, source)
     if source.hf_dir and not source.num_layers:
         return dest  # used in place
-    fingerprint = _fingerprint(source)
     full_key = json.dumps({**fingerprint, "num_layers": None}, sort_keys=True)
     if _is_built(dest, fingerprint):
         console.print(f"[green]✓[/] {role}: up to date ({dest})")

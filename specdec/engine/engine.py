@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,11 +118,14 @@ class Engine:
         self.vocab_size = self.model.cfg.vocab_size
         self.device = self.model.device
         self.max_batch_seen = 0  # largest number of requests served by one generate() call
+        # (rows, seconds) of the latest forwards, for whoever keeps the cost model current
+        self.recent_forwards: deque[tuple[int, float]] = deque(maxlen=1024)
 
     def warmup(self) -> None:
         """Run a tiny generation so kernels are compiled (or loaded from numba's cache) before
         the first real request, not during it."""
         self.generate([GenerationRequest(np.array([0, 1], dtype=np.int64), max_new_tokens=2, draft_ids=np.array([1]))])
+        self.recent_forwards.clear()  # compilation time is no forward's cost
 
     def calibrate(self, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 3) -> dict[str, list]:
         """Seconds of one forward by number of rows (the best of `repeats`): the cost model the
@@ -239,9 +243,11 @@ class Engine:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
         with self.forward_lock:
+            start = time.perf_counter()
             logits = self.model.forward(
                 self.cache, tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows)
             )
+            self.recent_forwards.append((len(tokens), time.perf_counter() - start))
         offset = 0
         for s, d in zip(seqs, drafts, strict=True):
             rows = logits[offset : offset + len(d) + 1]

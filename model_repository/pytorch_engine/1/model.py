@@ -1,11 +1,14 @@
 """Triton adapter: the TensorRT-LLM backend's tensors <-> specdec.engine.Engine."""
 
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from specdec.controller import ForwardCost
 from specdec.engine.engine import Engine
 from specdec.triton_io import (
     InvalidInput,
@@ -14,6 +17,8 @@ from specdec.triton_io import (
     parse_engine_request,
     request_inputs,
 )
+
+COST_WRITE_S = 5.0  # how often the observed forward times are published to spec_decode
 
 
 def _error(message, code=None):
@@ -31,9 +36,11 @@ class TritonPythonModel:
         options = json.loads(params["engine_options"])
         self.engine = Engine(params["model_dir"], **options)
         self.engine.warmup()
-        calibration = Path(params["calibration_file"])
-        calibration.parent.mkdir(parents=True, exist_ok=True)
-        calibration.write_text(json.dumps(self.engine.calibrate()))
+        self.calibration = Path(params["calibration_file"])
+        self.calibration.parent.mkdir(parents=True, exist_ok=True)
+        table = self.engine.calibrate()
+        self.cost = ForwardCost(table["rows"], table["seconds"])
+        self._write_cost()
         labels = {"model": json.loads(args["model_config"])["name"]}
         # a MetricFamily must outlive its metrics: keep both
         self.families = [
@@ -77,4 +84,16 @@ class TritonPythonModel:
             else:
                 responses[i] = _response(engine_outputs(result, req, exclude))
         self.slots_in_use.set(self.engine.slots.in_use)
+        if time.monotonic() - self.cost_written > COST_WRITE_S and self.engine.recent_forwards:
+            self._write_cost()
         return responses
+
+    def _write_cost(self):
+        """Fold the forwards run since the last write into the cost table and publish it (an
+        atomic rename: spec_decode reads it at any time)."""
+        while self.engine.recent_forwards:
+            self.cost.observe(*self.engine.recent_forwards.popleft())
+        staged = self.calibration.with_suffix(".tmp")
+        staged.write_text(self.cost.to_json())
+        os.replace(staged, self.calibration)
+        self.cost_written = time.monotonic()
