@@ -9,8 +9,9 @@
 3. prompt lookup on input-grounded prompts at batch 1: output tokens/s against no speculation;
 4. throughput of speculation (prompt lookup, adaptive draft length) against no speculation at
    concurrency 1..32 on grounded and on open-ended chat prompts: the lowest ratio.
-The arms take turns in blocks on one server (specdec.client.loadgen); all texts are compared
-with the baseline's (greedy). Writes targets.md and targets.json.
+The arms take turns in blocks of C requests on one server (specdec.client.loadgen), at least two
+blocks per arm in the order A B B A; all texts are compared with the baseline's (greedy). Writes
+targets.md and targets.json.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def sweep(server: TritonServer, workload: str, concurrency: int, max_tokens: int
         loads=(Load(concurrency=concurrency),),
         workloads=(workload,),
         num_requests=max(8, 2 * concurrency),
+        # blocks of C requests: at least two per arm, in the order A B B A (the rotation), so
+        # that a linear drift of the shared machine cancels between the arms
+        block_size=concurrency,
         warmup=1,
         workload_options=options,
     )

@@ -140,6 +140,7 @@ class BenchConfig:
     warmup: int = 2  # per arm, before the first level, not recorded
     request_timeout: float = 300.0
     interleave: str = "block"  # block | request (see the module doc)
+    block_size: int | None = None  # requests per block; default 2 x C (closed loop) or 4 (open loop)
     transport: str = "grpc"  # grpc | http
     stream: bool = True
     temperature: float | None = None  # None: greedy
@@ -355,7 +356,7 @@ class LoadGenerator:
 
         try:
             if cfg.interleave == "block":
-                size = 2 * load.concurrency if load.concurrency is not None else 4
+                size = cfg.block_size or (2 * load.concurrency if load.concurrency is not None else 4)
                 for block in blocks(len(prompts), len(arms), cfg.num_requests, size):
                     if time.monotonic() >= deadline:
                         break
