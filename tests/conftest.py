@@ -102,9 +102,17 @@ def tokenizer(smollm_dir):
     return TextTokenizer(smollm_dir)
 
 
+def fixed_drafts(profile):
+    """The profile's speculation with the adaptive controller off: every round drafts what the
+    request asks. The controller would (rightly) stop drafting with the 4-layer draft, which
+    agrees with the target a few percent of the time; tests of exactness need the drafts made."""
+    spec = profile.speculation
+    return spec.model_copy(update={"adaptive": spec.adaptive.model_copy(update={"enabled": False})})
+
+
 def variant_profile(base, smollm_dir: Path, name: str, draft_layers: int = 4, **updates):
-    """The embedded model under another name (its own build folder, the weights used in place),
-    built, for tests that need a server of their own."""
+    """The embedded model under another name (its own build folder, the weights used in place,
+    drafts of the requested length), built, for tests that need a server of their own."""
     from specdec.build import build
     from specdec.config import ModelSource
 
@@ -113,6 +121,7 @@ def variant_profile(base, smollm_dir: Path, name: str, draft_layers: int = 4, **
             "name": name,
             "target": ModelSource(hf_dir=str(smollm_dir)),
             "draft": ModelSource(hf_dir=str(smollm_dir), num_layers=draft_layers),
+            "speculation": fixed_drafts(base),
             **updates,
         }
     )
@@ -130,9 +139,8 @@ def variant_server(base, smollm_dir: Path, name: str, draft_layers: int = 4, **u
 
 
 @pytest.fixture(scope="session")
-def server(embedded_profile):
-    """One real tritonserver for the whole session, on free ports of 127.0.0.1."""
-    from specdec.serve import Ports, TritonServer
-
-    with TritonServer(embedded_profile, ports=Ports.free()) as srv:
+def server(embedded_profile, smollm_dir):
+    """One real tritonserver for the whole session, on free ports of 127.0.0.1, drafting what
+    each request asks (fixed_drafts)."""
+    with variant_server(embedded_profile, smollm_dir, "test-shared") as srv:
         yield srv
