@@ -86,7 +86,8 @@ class Acceptance:
 
     @property
     def rate(self) -> float:
-        return self.accepted / self.trials if self.trials else 0.0
+        """The estimate, kept below 1: at a certain acceptance every draft length would pay."""
+        return min(self.accepted / self.trials, 0.99) if self.trials else 0.0
 
     def observe(self, drafted: int, accepted: int, decay: float) -> None:
         # drafts are tried in order until the first rejection: n successes, plus 1 failure if n < k
@@ -131,7 +132,7 @@ class Controller:
         if not self.options.enabled or limit <= 0 or self.target is None:
             state.k = limit
             return limit
-        rate = min(state.acceptance.rate, 0.99)
+        rate = state.acceptance.rate
         bar = self._bar(state)
         # the largest k whose last draft token still pays: rate^k > bar (with hysteresis)
         k = 0 if rate <= 0 or bar >= 1 else min(limit, int(math.log(max(bar, 1e-9)) / math.log(max(rate, 1e-9))))
@@ -162,7 +163,7 @@ class Controller:
             round_time += max(s.k for s in drafting) * step
             if state.proposer == "draft_model":
                 cost += step / len(drafting)
-        tokens = sum(expected_tokens(min(s.acceptance.rate, 0.99), s.k) for s in self.requests.values())
+        tokens = sum(expected_tokens(s.acceptance.rate, s.k) for s in self.requests.values())
         return tokens / round_time * cost
 
     def _within_hysteresis(self, rate: float, bar: float, j: int) -> bool:

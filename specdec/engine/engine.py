@@ -11,7 +11,6 @@ are concatenated into one set of rows.
 from __future__ import annotations
 
 import fcntl
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -137,13 +136,7 @@ class Engine:
             for n in rows:
                 args = [torch.arange(n, device=self.device) % self.vocab_size, torch.arange(n, device=self.device)]
                 args += [torch.full((n,), slot, device=self.device), torch.arange(n, device=self.device)]
-                best = math.inf
-                for _ in range(repeats):
-                    with self.forward_lock:
-                        start = time.perf_counter()
-                        self.model.forward(self.cache, *args)
-                        best = min(best, time.perf_counter() - start)
-                seconds.append(best)
+                seconds.append(min(self._forward(*args)[1] for _ in range(repeats)))
         finally:
             self.slots.release(key)
         return {"rows": list(rows), "seconds": seconds}
@@ -221,6 +214,14 @@ class Engine:
         except SamplingError as err:
             raise RequestError(str(err)) from None
 
+    def _forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The model's forward under the lock shared with the server's other engine: its logits
+        and its seconds (not counting the wait for the lock)."""
+        with self.forward_lock:
+            start = time.perf_counter()
+            logits = self.model.forward(self.cache, *args)
+            return logits, time.perf_counter() - start
+
     def _step(self, seqs: list[_Seq], with_drafts: bool) -> None:
         """One forward over every pending sequence, then accept / sample its new tokens."""
         tokens: list[int] = []
@@ -242,12 +243,8 @@ class Engine:
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
-        with self.forward_lock:
-            start = time.perf_counter()
-            logits = self.model.forward(
-                self.cache, tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows)
-            )
-            self.recent_forwards.append((len(tokens), time.perf_counter() - start))
+        logits, seconds = self._forward(tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows))
+        self.recent_forwards.append((len(tokens), seconds))
         offset = 0
         for s, d in zip(seqs, drafts, strict=True):
             rows = logits[offset : offset + len(d) + 1]
