@@ -131,7 +131,7 @@ def variant_profile(base, smollm_dir: Path, name: str, draft_layers: int = 4, **
 
 @contextlib.contextmanager
 def variant_server(base, smollm_dir: Path, name: str, draft_layers: int = 4, **updates):
-    """A dedicated server for a test that breaks or stresses it (the shared one stays clean)."""
+    """A server of its own for a variant profile, on free ports of 127.0.0.1."""
     from specdec.serve import Ports, TritonServer
 
     with TritonServer(variant_profile(base, smollm_dir, name, draft_layers, **updates), ports=Ports.free()) as srv:
