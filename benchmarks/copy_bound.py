@@ -1,0 +1,193 @@
+"""How far prompt lookup can go on a workload: the ceiling behind the grounded speedup target.
+
+    .venv/bin/python benchmarks/copy_bound.py [--workload grounded,chat] [--max-tokens 128]
+
+Generates each prompt's greedy output with the engine the server runs (in this process, one
+request at a time), then replays its decoding offline. Greedy verification accepts exactly the
+common prefix of a draft and the real continuation, so the replay gives each round's accepted
+length without running the model again, for any draft length k:
+- our n-gram proposer (the profile's min_n/max_n), k fixed at 1..8;
+- an oracle copier: each round drafts the longest continuation (k at most 8) that occurs anywhere
+  in the context so far, the most any prompt lookup could accept.
+Each replay is priced with the engine's measured forward times by row count (calibrate()) and
+each prompt's measured prefill, as batch-1 tokens/s against plain decoding; "free verify"
+prices a forward over k + 1 rows as one row. Writes copy_bound.md and copy_bound.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from specdec.build import build
+from specdec.client.machine import describe, summary_line
+from specdec.client.workloads import WorkloadOptions, load_workload
+from specdec.config import load_profile
+from specdec.engine.engine import Engine, GenerationRequest
+from specdec.progress import console, progress_bar
+from specdec.proposers import NgramProposer
+from specdec.tokenizer import TextTokenizer
+
+MAX_K = 8
+# propose(context, continuation, k) -> draft; only the oracle looks at the continuation
+Propose = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+
+
+@dataclass
+class Sample:
+    workload: str
+    kind: str
+    prompt: np.ndarray
+    output: np.ndarray
+    prefill_s: float
+
+
+def occurs(context: np.ndarray, span: np.ndarray) -> bool:
+    if len(span) > len(context):
+        return False
+    return bool((sliding_window_view(context, len(span)) == span).all(axis=1).any())
+
+
+def oracle_copy(context: np.ndarray, continuation: np.ndarray, k: int) -> np.ndarray:
+    """The longest head of the continuation (at most k tokens) found anywhere in the context."""
+    length = 0
+    while length < min(k, len(continuation)) and occurs(context, continuation[: length + 1]):
+        length += 1
+    return continuation[:length]
+
+
+def replay(sample: Sample, propose: Propose, k: int) -> list[int]:
+    """Draft rows of each round (0 = a plain step) of greedy decoding, and the accepted counts
+    summed: returns the per-round draft lengths; len() is the number of rounds."""
+    tokens, i, drafts = list(sample.prompt), 0, []
+    out = sample.output
+    while i < len(out):
+        budget = min(k, len(out) - i - 1)  # a round never goes past the output's end
+        draft = propose(np.asarray(tokens), out[i:], budget) if budget > 0 else out[:0]
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == out[i + accepted]:
+            accepted += 1
+        drafts.append(len(draft))
+        tokens += out[i : i + accepted + 1].tolist()
+        i += accepted + 1
+    return drafts
+
+
+def forward_times(engine: Engine, rows: tuple[int, ...], passes: int = 10) -> dict[int, float]:
+    """Seconds of a forward by row count: the best of several passes over all counts, so that a
+    slow spell of the shared machine does not land on one count only."""
+    passes_s = [engine.calibrate(rows=rows, repeats=1)["seconds"] for _ in range(passes)]
+    return dict(zip(rows, np.min(passes_s, axis=0).tolist(), strict=True))
+
+
+def generate(engine: Engine, tokenizer: TextTokenizer, workloads: list[str], max_tokens: int) -> list[Sample]:
+    prompts = [(w, p) for w in workloads for p in load_workload(w, WorkloadOptions(max_tokens=max_tokens))]
+    samples = []
+    with progress_bar() as bar:
+        task = bar.add_task("greedy outputs", total=len(prompts))
+        for workload, p in prompts:
+            ids = np.asarray(tokenizer.encode(tokenizer.chat_prompt(p.text)), dtype=np.int64)
+            start = time.perf_counter()
+            engine.generate([GenerationRequest(ids, max_new_tokens=1)])  # the prompt's prefill
+            prefill = time.perf_counter() - start
+            (result,) = engine.generate([GenerationRequest(ids, max_new_tokens=p.max_tokens, end_id=tokenizer.eos_id)])
+            samples.append(Sample(workload, p.kind, ids, np.asarray(result.tokens, dtype=np.int64), prefill))
+            bar.advance(task)
+    return samples
+
+
+def price(samples: list[Sample], rounds: list[list[int]], step: dict[int, float], prefill: bool) -> float:
+    """Speedup over plain decoding of the same outputs: (prefill +) one step per token against
+    (prefill +) one forward of draft + 1 rows per round."""
+    base = sum(len(s.output) * step[1] + prefill * s.prefill_s for s in samples)
+    spec = sum(sum(step[d + 1] for d in r) + prefill * s.prefill_s for s, r in zip(samples, rounds, strict=True))
+    return base / spec
+
+
+def groups(samples: list[Sample]) -> dict[str, list[Sample]]:
+    """Each task kind, then each workload whole (what a benchmark run measures)."""
+    out = {kind: [s for s in samples if s.kind == kind] for kind in dict.fromkeys(s.kind for s in samples)}
+    for workload in dict.fromkeys(s.workload for s in samples):
+        members = [s for s in samples if s.workload == workload]
+        if len({s.kind for s in members}) > 1:
+            out[f"{workload} (all)"] = members
+    return out
+
+
+def analyse(samples: list[Sample], step: dict[int, float], ngram: NgramProposer) -> list[dict]:
+    free = dict.fromkeys(step, step[1])
+    proposers: dict[str, Propose] = {
+        "ngram": lambda context, _continuation, k: ngram.propose(context, k),
+        "oracle": oracle_copy,
+    }
+    rows = []
+    for kind, group in groups(samples).items():
+        tokens = sum(len(s.output) for s in group)
+        row: dict = {"kind": kind, "prompts": len(group), "tokens": tokens,
+                     "prefill_share": sum(s.prefill_s for s in group)
+                     / sum(s.prefill_s + len(s.output) * step[1] for s in group)}  # fmt: skip
+        for name, propose in proposers.items():
+            by_k = {k: [replay(s, propose, k) for s in group] for k in range(1, MAX_K + 1)}
+            best = max(by_k, key=lambda k: price(group, by_k[k], step, prefill=True))
+            row[name] = {
+                "tokens_per_round_k8": tokens / sum(len(r) for r in by_k[MAX_K]),
+                "best_k": best,
+                "speedup": price(group, by_k[best], step, prefill=True),
+                "speedup_decode_only": price(group, by_k[best], step, prefill=False),
+                "speedup_free_verify_k8": price(group, by_k[MAX_K], free, prefill=True),
+            }
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--workload", default="grounded,chat")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args(argv)
+    profile = load_profile()
+    build(profile)
+    model_dir = profile.model_dir("target")
+    engine = Engine(model_dir, kv_slots=2, max_seq_len=1024, threads=profile.engine.threads)
+    engine.warmup()
+    step = forward_times(engine, rows=tuple(range(1, MAX_K + 2)))
+    samples = generate(engine, TextTokenizer(model_dir), args.workload.split(","), args.max_tokens)
+    options = profile.speculation.ngram
+    rows = analyse(samples, step, NgramProposer(options.min_n, options.max_n))
+
+    lines = [
+        f"Machine: {summary_line(describe())}. Forward ms by rows: "
+        + ", ".join(f"{r}: {s * 1e3:.1f}" for r, s in step.items())
+        + ".",
+        "",
+        "| task | prompts | tokens | prefill share | tokens/round k=8: ngram / oracle | ngram best k: speedup "
+        "(decode only) | oracle best k: speedup (decode only) | free verify, k=8: ngram / oracle |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        n, o = r["ngram"], r["oracle"]
+        lines.append(
+            f"| {r['kind']} | {r['prompts']} | {r['tokens']} | {r['prefill_share']:.0%} | "
+            f"{n['tokens_per_round_k8']:.2f} / {o['tokens_per_round_k8']:.2f} | "
+            f"k={n['best_k']}: {n['speedup']:.2f}x ({n['speedup_decode_only']:.2f}x) | "
+            f"k={o['best_k']}: {o['speedup']:.2f}x ({o['speedup_decode_only']:.2f}x) | "
+            f"{n['speedup_free_verify_k8']:.2f}x / {o['speedup_free_verify_k8']:.2f}x |"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "copy_bound.md").write_text("\n".join(lines) + "\n")
+    (args.out / "copy_bound.json").write_text(json.dumps({"forward_s": step, "tasks": rows}, indent=1))
+    console.print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
