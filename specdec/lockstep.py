@@ -1,12 +1,12 @@
 """Rounds in step: the requests in flight send their target calls together when one forward pass
 over all of them costs less than the forwards they would otherwise take turns in.
 
-The engine batches the calls that reach it together (Triton's dynamic batcher, one queue delay
-apart). Between two rounds a request spends a few milliseconds in the spec_decode process
-(accepting, streaming, proposing); a call that arrives while a forward runs starts the next forward
-alone, the others' calls arrive just after it started, and from then on the requests take turns:
-at 2 in flight each forward carries one of them, though a forward over 2 rows costs what one row
-does (measured at 4 in flight: 2.2 calls a forward).
+The engine batches the calls that reach it together (the engine model's thread takes every call
+queued when a forward starts). Between two rounds a request spends a few milliseconds in the
+spec_decode process (accepting, streaming, proposing); a call that arrives while a forward runs
+starts the next forward alone, the others' calls arrive just after it started, and from then on
+the requests take turns: at 2 in flight each forward carries one of them, though a forward over 2
+rows costs what one row does (measured at 4 in flight: 2.2 calls a forward).
 
 So a ready call may wait for the members that are not ready (in the engine, or between rounds),
 when merging them into one forward saves more than the wait costs: T(ready) + T(missing) -
