@@ -61,11 +61,7 @@ class PytorchEngine(_Strict):
     max_seq_len: Annotated[int, Field(ge=16, le=131072)] = 2048
     kv_slots: Annotated[int, Field(ge=1, le=1024)] = 16
     threads: Annotated[int, Field(ge=1)] | None = Field(None, description="CPU threads; default: all cores")
-    max_queue_delay_us: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
-        1000,
-        description="Triton's dynamic-batching delay for the TensorRT-LLM engine models (the PyTorch engine "
-        "batches in its own thread: model_repository/pytorch_engine)",
-    )
+    max_queue_delay_us: Annotated[int, Field(ge=0, le=1_000_000)] = 1000
     instances: Annotated[int, Field(ge=1, le=8)] = 1
 
 
@@ -255,11 +251,6 @@ class ServerOptions(_Strict):
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 8002
     max_inflight: Annotated[int, Field(ge=1)] = 64
     max_queue: Annotated[int, Field(ge=0)] = 256
-    batch_wait_ms: Annotated[float, Field(ge=0, le=1000)] = Field(
-        5.0,
-        description="how long a request's target call may wait, the engine idle, for the other requests in flight "
-        "to have theirs ready, so that one forward serves them all (specdec/lockstep.py); 0: calls go at once",
-    )
     max_prompt_bytes: Annotated[int, Field(ge=1)] = 65536
     max_tokens_limit: Annotated[int, Field(ge=1)] = 4096
     max_stop_words: Annotated[int, Field(ge=0)] = 16

@@ -23,18 +23,9 @@ async def call_engine(model, inputs, outputs, request_id):
         requested_output_names=outputs,
         request_id=request_id,
     )
-    # decoupled=True: the PyTorch engine models answer from their engine thread (one response with
-    # the final flag); a non-decoupled model (TensorRT-LLM's) answers the same way to this call
-    response = None
-    for part in await request.async_exec(decoupled=True):
-        if part.has_error():
-            raise EngineError(f"{model}: {part.error().message()}")
-        if part.output_tensors():
-            response = part
-    if response is None:
-        if outputs:
-            raise EngineError(f"{model}: no response")
-        return {}
+    response = await request.async_exec()
+    if response.has_error():
+        raise EngineError(f"{model}: {response.error().message()}")
     return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
 
 
