@@ -65,8 +65,8 @@ def oracle_copy(context: np.ndarray, continuation: np.ndarray, k: int) -> np.nda
 
 
 def replay(sample: Sample, propose: Propose, k: int) -> list[int]:
-    """Draft rows of each round (0 = a plain step) of greedy decoding, and the accepted counts
-    summed: returns the per-round draft lengths; len() is the number of rounds."""
+    """The draft length of each round (0: a plain step) of replaying the sample's greedy decoding
+    with drafts of at most k tokens; len() is the number of rounds."""
     tokens, i, drafts = list(sample.prompt), 0, []
     out = sample.output
     while i < len(out):
