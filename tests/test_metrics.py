@@ -123,7 +123,9 @@ def test_arms_and_levels_parse():
     assert parse_arm("baseline") == BASELINE
     assert parse_arm("ngram:5") == Arm("ngram", 5) and parse_arm("ngram:5").name == "ngram:5"
     assert parse_arm("draft_model") == Arm("draft_model", None)
-    for bad in ("magic", "ngram:0", "ngram:x"):
+    aa = parse_arm("ngram:0")  # the proposer's path, drafting off: an A/A arm, not the baseline
+    assert aa == Arm("ngram", 0) and aa.name == "ngram:0" and not aa.is_baseline
+    for bad in ("magic", "ngram:-1", "ngram:x"):
         with pytest.raises(ValueError):
             parse_arm(bad)
     assert parse_counts("1,4") == [1, 4] and parse_counts("1..16") == [1, 2, 4, 8, 16]

@@ -61,7 +61,6 @@ def engine_values(profile: Profile, role: str) -> dict[str, object]:
         "model_dir": profile.model_dir(role),
         "max_batch_size": eng.max_batch_size,
         "max_queue_delay_us": eng.max_queue_delay_us,
-        "max_queue_size": profile.server.max_queue + profile.server.max_inflight,
         "instances": eng.instances,
         # pbtxt string: JSON inside needs its quotes escaped
         "engine_options": json.dumps(options).replace('"', '\\"'),

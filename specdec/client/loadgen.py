@@ -79,15 +79,16 @@ PROPOSERS = ("ngram", "draft_model")
 
 
 def parse_arm(text: str) -> Arm:
-    """`baseline`, or PROPOSER[:K] with PROPOSER ngram or draft_model."""
+    """`baseline`, or PROPOSER[:K] with PROPOSER ngram or draft_model. K = 0 runs the proposer's
+    path with drafting off: against the baseline, an A/A comparison that sizes the noise."""
     text = text.strip()
     if text in ("baseline", "none"):
         return BASELINE
     method, _, k = text.partition(":")
     if method not in PROPOSERS:
         raise ValueError(f"arm {text!r}: expected baseline or one of {', '.join(PROPOSERS)}, optionally :K")
-    if k and not (k.isdigit() and int(k) >= 1):
-        raise ValueError(f"arm {text!r}: the draft length after ':' must be a positive integer")
+    if k and not k.isdigit():
+        raise ValueError(f"arm {text!r}: the draft length after ':' must be a whole number")
     return Arm(method, int(k) if k else None)
 
 

@@ -1,8 +1,10 @@
 """Triton adapter for specdec.spec_decode: BLS calls to the engines, streamed responses, metrics."""
 
 import asyncio
+import collections
 import json
 import secrets
+import time
 
 import triton_python_backend_utils as pb_utils
 
@@ -30,7 +32,13 @@ async def call_engine(model, inputs, outputs, request_id):
 
 
 class TritonMetrics:
-    """Prometheus counters on Triton's metrics port, labelled by model and proposer."""
+    """Prometheus counters on Triton's metrics port, labelled by model and proposer.
+
+    Each metric update is a round trip to the Triton process that blocks this model's event loop
+    (and every request on it): a round of 8 drafts made about 20 of them. So updates collect here
+    and go out when a request finishes, and at most every FLUSH_S while requests run."""
+
+    FLUSH_S = 1.0
 
     def __init__(self, model):
         def family(name, doc, kind=pb_utils.MetricFamily.COUNTER):
@@ -54,36 +62,57 @@ class TritonMetrics:
             ),
         }
         self.cache = {}
+        self.increments = collections.Counter()  # metric key -> amount not yet sent
+        self.gauges = {}  # metric key -> latest value not yet sent
+        self.flushed = time.monotonic()
 
-    def _metric(self, kind, **labels):
+    def _key(self, kind, **labels):
         key = (kind, *sorted(labels.items()))
         if key not in self.cache:
             self.cache[key] = self.families[kind].Metric(labels={"model": self.model, **labels})
-        return self.cache[key]
+        return key
+
+    def _add(self, kind, amount, **labels):
+        self.increments[self._key(kind, **labels)] += amount
+
+    def _set(self, kind, value, **labels):
+        self.gauges[self._key(kind, **labels)] = value
+
+    def flush(self):
+        for key, amount in self.increments.items():
+            self.cache[key].increment(amount)
+        for key, value in self.gauges.items():
+            self.cache[key].set(value)
+        self.increments.clear()
+        self.gauges.clear()
+        self.flushed = time.monotonic()
 
     def round(self, proposer, num_draft, num_accepted):
-        if num_draft == 0:
-            return
-        self._metric("drafts", proposer=proposer).increment(1)
-        self._metric("draft_tokens", proposer=proposer).increment(num_draft)
-        self._metric("accepted", proposer=proposer).increment(num_accepted)
-        for i in range(num_draft):
-            self._metric("drafted_position", proposer=proposer, position=str(i + 1)).increment(1)
-            if i < num_accepted:
-                self._metric("position", proposer=proposer, position=str(i + 1)).increment(1)
+        if num_draft:
+            self._add("drafts", 1, proposer=proposer)
+            self._add("draft_tokens", num_draft, proposer=proposer)
+            self._add("accepted", num_accepted, proposer=proposer)
+            for i in range(num_draft):
+                self._add("drafted_position", 1, proposer=proposer, position=str(i + 1))
+                if i < num_accepted:
+                    self._add("position", 1, proposer=proposer, position=str(i + 1))
+        if time.monotonic() - self.flushed > self.FLUSH_S:
+            self.flush()
 
     def draft_length(self, proposer, mean_k):
-        self._metric("draft_length", proposer=proposer).set(mean_k)
+        self._set("draft_length", mean_k, proposer=proposer)
 
     def in_flight(self, requests):
-        self._metric("in_flight").set(requests)
+        self._set("in_flight", requests)
+        self.flush()  # a request started or ended: one flush each, and the gauge is current
 
     def fallback(self, proposer):
-        self._metric("fallbacks", proposer=proposer).increment(1)
+        self._add("fallbacks", 1, proposer=proposer)
 
     def finished(self, proposer, reason, num_tokens):
-        self._metric("requests", proposer=proposer, reason=reason).increment(1)
-        self._metric("tokens", proposer=proposer).increment(num_tokens)
+        self._add("requests", 1, proposer=proposer, reason=reason)
+        self._add("tokens", num_tokens, proposer=proposer)
+        self.flush()
 
 
 def _response(arrays):
