@@ -10,12 +10,13 @@ import asyncio
 import itertools
 import json
 import re
+import time
 import urllib.request
 
 import numpy as np
 import pytest
 import torch
-from prompts import PROMPTS
+from prompts import PASSAGE, PROMPTS
 
 from specdec.client.client import GenerationParams, TritonClient, http_generate
 
@@ -126,6 +127,40 @@ def test_metrics_count_drafts_per_proposer_and_position(server, prompt_ids, toke
     first = value("specdec_accepted_tokens_per_position_total", proposer="ngram", position="1")
     assert drafted > 0 and 0 <= accepted <= drafted and first <= accepted
     assert value("specdec_requests_total", proposer="ngram") >= 2
+
+
+def test_metrics_are_current_while_a_long_request_runs(server):
+    """spec_decode sends its counters in batches (each update is a round trip to Triton), at
+    least once a second: a dashboard sees a long generation's drafts before it ends."""
+
+    def drafted() -> float:
+        text = urllib.request.urlopen(server.metrics_url).read().decode()
+        rows = [line for line in text.splitlines()
+                if line.startswith("specdec_draft_tokens_total{") and 'proposer="ngram"' in line]  # fmt: skip
+        return sum(float(line.rsplit(" ", 1)[1]) for line in rows)
+
+    before = drafted()
+    during = []
+    start = None
+
+    def on_chunk(_text: str) -> None:
+        nonlocal start
+        start = start or time.monotonic()
+        if not during and time.monotonic() - start > 2.0:
+            during.append(drafted())
+
+    prompt = f"Repeat the following passage exactly:\n\n{PASSAGE}"
+    params = GenerationParams(max_tokens=400, draft_method="ngram", num_draft_tokens=5, end_id=-1)
+
+    async def main():
+        async with TritonClient(server.grpc_url) as client:
+            return await client.generate(prompt, params, stream=True, on_chunk=on_chunk)
+
+    record = asyncio.run(main())
+    assert record.error is None and record.num_output_tokens == 400
+    assert during, "the request ended within 2 s of its first chunk: nothing to look at mid-way"
+    assert before < during[0] <= before + record.total_draft_tokens
+    assert drafted() == before + record.total_draft_tokens
 
 
 # --- bad input: INVALID_ARG naming the field, and the server keeps serving -----------------------

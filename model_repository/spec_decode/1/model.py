@@ -36,7 +36,7 @@ class TritonMetrics:
 
     Each metric update is a round trip to the Triton process that blocks this model's event loop
     (and every request on it): a round of 8 drafts made about 20 of them. So updates collect here
-    and go out when a request finishes, and at most every FLUSH_S while requests run."""
+    and go out when a request starts or ends, and at most every FLUSH_S while requests run."""
 
     FLUSH_S = 1.0
 
