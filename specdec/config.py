@@ -251,6 +251,11 @@ class ServerOptions(_Strict):
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 8002
     max_inflight: Annotated[int, Field(ge=1)] = 64
     max_queue: Annotated[int, Field(ge=0)] = 256
+    batch_wait_ms: Annotated[float, Field(ge=0, le=1000)] = Field(
+        5.0,
+        description="how long a request's target call may wait, the engine idle, for the other requests in flight "
+        "to have theirs ready, so that one forward serves them all (specdec/lockstep.py); 0: calls go at once",
+    )
     max_prompt_bytes: Annotated[int, Field(ge=1)] = 65536
     max_tokens_limit: Annotated[int, Field(ge=1)] = 4096
     max_stop_words: Annotated[int, Field(ge=0)] = 16

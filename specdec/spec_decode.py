@@ -26,6 +26,7 @@ from specdec.admission import CANCEL, Admission, drain_path
 from specdec.config import Profile
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
+from specdec.lockstep import Lockstep
 from specdec.proposers import NgramProposer
 from specdec.sampling import SamplingParams, derive_seed
 from specdec.triton_io import (
@@ -170,6 +171,7 @@ class SpecDecodeService:
         self.metrics = metrics or NoMetrics()
         self.warn = warn
         self.controller = Controller(profile.speculation.adaptive)
+        self.lockstep = Lockstep(profile.server.batch_wait_ms / 1000, self._target_forward_s)
         self._costs_checked = -math.inf
         self._cost_mtimes: dict[str, float] = {}
         self.admission = Admission(
@@ -228,7 +230,10 @@ class SpecDecodeService:
         propose = self._proposer(req.proposer, sampling, key, end_id)
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
-            ids, _ = await self.target.generate(tokens, len(draft.ids) + 1, sampling, key, end_id, draft)
+            rows = len(draft.ids) + 1 if gen.stats.rounds else len(tokens)  # the first call prefills
+            ids, _ = await self.lockstep.call(
+                member, rows, lambda: self.target.generate(tokens, len(draft.ids) + 1, sampling, key, end_id, draft)
+            )
             return ids
 
         def choose_k(gen: loop.Generation) -> int:
@@ -245,15 +250,16 @@ class SpecDecodeService:
             self._load_costs()
             self.controller.start(key, req.proposer, req.spec.num_draft_tokens)
             try:
-                async for new in loop.run(gen, propose, verify, choose_k, cancelled=cancelled):
-                    stats = gen.stats
-                    self.controller.observe(key, stats.last_draft, stats.last_accepted)
-                    self.metrics.round(req.proposer, stats.last_draft, stats.last_accepted)
-                    self.metrics.draft_length(req.proposer, self.controller.mean_k(req.proposer))
-                    if gen.finished:
-                        final = Chunk(new, True, gen)
-                    else:
-                        yield Chunk(new, False, gen)
+                with self.lockstep.member() as member:
+                    async for new in loop.run(gen, propose, verify, choose_k, cancelled=cancelled):
+                        stats = gen.stats
+                        self.controller.observe(key, stats.last_draft, stats.last_accepted)
+                        self.metrics.round(req.proposer, stats.last_draft, stats.last_accepted)
+                        self.metrics.draft_length(req.proposer, self.controller.mean_k(req.proposer))
+                        if gen.finished:
+                            final = Chunk(new, True, gen)
+                        else:
+                            yield Chunk(new, False, gen)
                 if gen.finish_reason == "cancelled" and not is_cancelled():
                     gen.finish_reason = "shutdown"
             finally:
@@ -262,6 +268,10 @@ class SpecDecodeService:
                 self.metrics.finished(req.proposer, gen.finish_reason or "error", len(gen.generated))
         self.metrics.in_flight(self.admission.in_flight)
         yield final
+
+    def _target_forward_s(self, rows: int) -> float:
+        cost = self.controller.target
+        return cost.time(rows) if cost is not None else 0.0  # unknown: no call waits for another
 
     def _load_costs(self) -> None:
         """The engines write their calibration while they load and keep it current while they
