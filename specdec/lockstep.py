@@ -39,9 +39,9 @@ class Member:
 
 
 class Lockstep:
-    def __init__(self, max_idle_wait_s: float, forward_s: Callable[[int], float] | None = None):
-        """forward_s(rows): the engine's seconds for a forward over that many rows (None: unknown,
-        calls go at once)."""
+    def __init__(self, max_idle_wait_s: float, forward_s: Callable[[int], float]):
+        """forward_s(rows): the engine's seconds for a forward over that many rows (0 while
+        unknown: no saving, calls go at once)."""
         self.max_idle_wait_s = max_idle_wait_s
         self.forward_s = forward_s
         self.members: set[Member] = set()
@@ -88,7 +88,7 @@ class Lockstep:
     def _worth_waiting(self) -> bool:
         """Does merging the missing members into the next forward save more than waiting for them
         is expected to cost?"""
-        if self.forward_s is None or self.max_idle_wait_s <= 0:
+        if self.max_idle_wait_s <= 0:
             return False
         ready = sum(m.rows for m, _ in self.ready)
         missing = sum(m.rows for m in self.members if m.state != "ready")

@@ -111,16 +111,21 @@ def test_streamed_text_equals_the_unstreamed_text(server):
     assert whole.num_output_tokens == streamed.num_output_tokens > 0
 
 
+def metric_values(text: str, name: str, **labels) -> list[float]:
+    """The values of the series of one metric with these labels in a Prometheus scrape."""
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") and all(
+        f'{k}="{v}"' in line for k, v in labels.items())]  # fmt: skip
+
+
 def test_metrics_count_drafts_per_proposer_and_position(server, prompt_ids, tokenizer):
     generate_all(server, prompt_ids[:2], _params(3, "ngram", tokenizer)[:2])
     text = urllib.request.urlopen(server.metrics_url).read().decode()
 
     def value(name: str, **labels) -> float:
         sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        rows = [line for line in text.splitlines() if line.startswith(name + "{") and all(
-            f'{k}="{v}"' in line for k, v in labels.items())]  # fmt: skip
+        rows = metric_values(text, name, **labels)
         assert rows, f"no {name}{{{sel}}} in /metrics"
-        return sum(float(line.rsplit(" ", 1)[1]) for line in rows)
+        return sum(rows)
 
     drafted = value("specdec_draft_tokens_total", model="spec_decode", proposer="ngram")
     accepted = value("specdec_accepted_tokens_total", model="spec_decode", proposer="ngram")
@@ -135,9 +140,7 @@ def test_metrics_are_current_while_a_long_request_runs(server):
 
     def drafted() -> float:
         text = urllib.request.urlopen(server.metrics_url).read().decode()
-        rows = [line for line in text.splitlines()
-                if line.startswith("specdec_draft_tokens_total{") and 'proposer="ngram"' in line]  # fmt: skip
-        return sum(float(line.rsplit(" ", 1)[1]) for line in rows)
+        return sum(metric_values(text, "specdec_draft_tokens_total", proposer="ngram"))
 
     before = drafted()
     during = []
