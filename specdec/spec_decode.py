@@ -79,10 +79,18 @@ def _scalar(value, dtype) -> np.ndarray:
 
 
 class EngineClient:
-    """One engine model (target or draft), called with TensorRT-LLM's tensor names."""
+    """One engine model (target or draft), called with TensorRT-LLM's tensor names.
 
-    def __init__(self, call: EngineCall, model: str):
-        self.call, self.model = call, model
+    uniform_inputs: every call carries the same set of input tensors (an empty draft, logits not
+    asked for). Triton's dynamic batcher puts two calls of a model with optional inputs into one
+    execute() only when they carry the same inputs (core scheduler_utils.cc, HasEqualInputs): a
+    call with draft tokens and one without would go into separate forward passes. For the
+    PyTorch engine, whose batches are its forward passes; TensorRT-LLM's in-flight batcher
+    batches by itself and is sent only what a call uses.
+    """
+
+    def __init__(self, call: EngineCall, model: str, uniform_inputs: bool = False):
+        self.call, self.model, self.uniform_inputs = call, model, uniform_inputs
 
     async def generate(
         self,
@@ -109,14 +117,15 @@ class EngineClient:
         }
         if end_id is not None:
             inputs["end_id"] = _scalar(end_id, np.int32)
-        if draft.ids:
-            inputs["draft_input_ids"] = np.array([draft.ids], dtype=np.int32)
-            if draft.logits is not None:
-                inputs["draft_logits"] = draft.logits.astype(np.float32)[None]
-        outputs = ["output_ids"]
-        if return_logits:
-            inputs["return_generation_logits"] = _scalar(True, np.bool_)
-            outputs.append("generation_logits")
+        if draft.ids or self.uniform_inputs:
+            inputs["draft_input_ids"] = np.array([draft.ids], dtype=np.int32).reshape(1, len(draft.ids))
+        if draft.logits is not None:
+            inputs["draft_logits"] = draft.logits.astype(np.float32)[None]
+        elif self.uniform_inputs:
+            inputs["draft_logits"] = np.zeros((1, 0, 0), dtype=np.float32)
+        if return_logits or self.uniform_inputs:
+            inputs["return_generation_logits"] = _scalar(return_logits, np.bool_)
+        outputs = ["output_ids"] + (["generation_logits"] if return_logits else [])
         result = await self.call(self.model, inputs, outputs, key)
         ids = np.asarray(result["output_ids"]).reshape(-1).tolist()
         logits = result.get("generation_logits")
@@ -164,8 +173,9 @@ class SpecDecodeService:
                  target_model: str = "target", draft_model: str | None = "draft",
                  warn: Callable[[str], None] = log.warning):  # fmt: skip
         self.profile = profile
-        self.target = EngineClient(call, target_model)
-        self.draft = EngineClient(call, draft_model) if draft_model else None
+        uniform = profile.backend == "pytorch"
+        self.target = EngineClient(call, target_model, uniform)
+        self.draft = EngineClient(call, draft_model, uniform) if draft_model else None
         ngram = profile.speculation.ngram
         self.ngram = NgramProposer(ngram.min_n, ngram.max_n)
         self.metrics = metrics or NoMetrics()

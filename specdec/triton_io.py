@@ -217,6 +217,13 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
 
 
 # --- engine models -----------------------------------------------------------------------------
+def _given(inputs: dict, name: str) -> np.ndarray | None:
+    """An optional input, None when absent or empty: spec_decode sends an empty draft where there
+    is none, so that all its calls carry the same inputs (see spec_decode.EngineClient)."""
+    value = inputs.get(name)
+    return None if value is None or np.size(value) == 0 else np.asarray(value)
+
+
 def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | None:
     """The engine's GenerationRequest; None for a `stop` request (release request_id)."""
     if bool(_one(inputs, "stop", False)):
@@ -227,13 +234,12 @@ def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | N
     length = _int(inputs, "input_lengths", len(ids))
     if not 1 <= length <= len(ids):
         raise InvalidInput(f"input_lengths: must be between 1 and {len(ids)}, got {length}")
-    draft = inputs.get("draft_input_ids")
-    draft_logits = inputs.get("draft_logits")
+    draft, draft_logits = _given(inputs, "draft_input_ids"), _given(inputs, "draft_logits")
     return GenerationRequest(
         input_ids=ids[:length].astype(np.int64),
         max_new_tokens=_int(inputs, "request_output_len", 1),
-        draft_ids=None if draft is None or np.size(draft) == 0 else np.asarray(draft).reshape(-1).astype(np.int64),
-        draft_logits=None if draft_logits is None else np.asarray(draft_logits, dtype=np.float32),
+        draft_ids=None if draft is None else draft.reshape(-1).astype(np.int64),
+        draft_logits=None if draft_logits is None else draft_logits.astype(np.float32),
         sampling=_sampling(inputs, _ENGINE_SAMPLING),
         end_id=_int(inputs, "end_id"),
         sequence_key=request_id,

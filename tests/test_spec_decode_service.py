@@ -104,6 +104,26 @@ def test_many_requests_in_flight_share_forward_passes_and_stay_exact(service):
     assert engines["target"].max_batch_seen > 1 and engines["draft"].max_batch_seen > 1
 
 
+def test_every_call_of_an_engine_carries_the_same_inputs(tiny_target, tiny_draft):
+    """Triton's dynamic batcher batches calls of a model with optional inputs only when they carry
+    the same ones: a drafted call and an undrafted one must not differ in their input names."""
+    svc, _ = make_service(tiny_target, tiny_draft)
+    inner, names = svc.target.call, {"target": set(), "draft": set()}
+
+    async def recording(model, inputs, outputs, request_id):
+        if "stop" not in inputs:
+            names[model].add(tuple(sorted(inputs)))
+        return await inner(model, inputs, outputs, request_id)
+
+    svc.target.call = svc.draft.call = recording
+    sampled = SamplingParams(temperature=0.8, seed=3)
+    reqs = [request(p, k=k, proposer=proposer) for p in PROMPTS[:2] for k, proposer in ((4, "ngram"), (0, "none"))]
+    reqs += [request(PROMPTS[0], proposer="draft_model"), request(PROMPTS[1], proposer="draft_model", sampling=sampled)]
+    run_all(svc, reqs)
+    assert len(names["target"]) == 1 and len(names["draft"]) == 1, names
+    assert {"draft_input_ids", "draft_logits", "return_generation_logits"} <= set(next(iter(names["target"])))
+
+
 def test_caches_are_released_when_requests_end(service):
     svc, engines = service
     run_all(svc, [request(p, proposer="draft_model") for p in PROMPTS])
