@@ -53,6 +53,7 @@ class TritonPythonModel:
         self.slots_in_use, slots_total = (family.Metric(labels=labels) for family in self.families)
         slots_total.set(options["kv_slots"])
         self.slots_total = slots_total
+        self.slots_reported = None
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -66,7 +67,6 @@ class TritonPythonModel:
                 continue
             if parsed is None:  # stop: the sequence ended or was cancelled
                 self.engine.release(request.request_id())
-                self.slots_in_use.set(self.engine.slots.in_use)
                 responses[i] = _response(empty_engine_outputs())
                 continue
             exclude = bool(np.asarray(inputs.get("exclude_input_in_output", False)).reshape(-1)[0])
@@ -83,10 +83,16 @@ class TritonPythonModel:
                 responses[i] = _error(str(result), code)
             else:
                 responses[i] = _response(engine_outputs(result, req, exclude))
-        self.slots_in_use.set(self.engine.slots.in_use)
+        self._report_slots()
         if time.monotonic() - self.cost_written > COST_WRITE_S and self.engine.recent_forwards:
             self._write_cost()
         return responses
+
+    def _report_slots(self):
+        # a metric update is a blocking round trip to the Triton process: only on a change
+        if self.engine.slots.in_use != self.slots_reported:
+            self.slots_reported = self.engine.slots.in_use
+            self.slots_in_use.set(self.slots_reported)
 
     def _write_cost(self):
         """Fold the forwards run since the last write into the cost table and publish it (an
