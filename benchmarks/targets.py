@@ -102,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     workloads = {"grounded": args.grounded, "chat": args.open}
     options = WorkloadOptions(max_tokens=args.max_tokens)
     for source in workloads.values():
-        load_workload(source, options)  # a bad file fails here, not after the first half hour
+        try:
+            load_workload(source, options)  # a bad file fails here, not after the first half hour
+        except ValueError as err:
+            ap.error(str(err))
     profile = load_profile()
     build(profile)
     machine = describe()
