@@ -118,7 +118,7 @@ class EngineClient:
         if end_id is not None:
             inputs["end_id"] = _scalar(end_id, np.int32)
         if draft.ids or self.uniform_inputs:
-            inputs["draft_input_ids"] = np.array([draft.ids], dtype=np.int32).reshape(1, len(draft.ids))
+            inputs["draft_input_ids"] = np.array([draft.ids], dtype=np.int32)  # (1, 0) when empty
         if draft.logits is not None:
             inputs["draft_logits"] = draft.logits.astype(np.float32)[None]
         elif self.uniform_inputs:

@@ -239,7 +239,7 @@ def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | N
         input_ids=ids[:length].astype(np.int64),
         max_new_tokens=_int(inputs, "request_output_len", 1),
         draft_ids=None if draft is None else draft.reshape(-1).astype(np.int64),
-        draft_logits=None if draft_logits is None else draft_logits.astype(np.float32),
+        draft_logits=None if draft_logits is None else draft_logits.astype(np.float32, copy=False),
         sampling=_sampling(inputs, _ENGINE_SAMPLING),
         end_id=_int(inputs, "end_id"),
         sequence_key=request_id,
