@@ -21,78 +21,92 @@ import numpy as np
 from numba import njit, prange
 
 _FAST = {"reassoc", "contract"}
+_TILE = 32  # output features whose weights a thread keeps in L2 across blocks of rows
+
+
+@njit(fastmath=_FAST, inline="always")
+def _dot4(x, w, out, m, n, accumulate):  # pragma: no cover - compiled
+    """out[m:m+4, n] (+)= x[m:m+4, :] . w[n, :]: one load of w[n, k] feeds four accumulators."""
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    a3 = np.float32(0.0)
+    for k in range(x.shape[1]):
+        wk = w[n, k]
+        a0 += x[m, k] * wk
+        a1 += x[m + 1, k] * wk
+        a2 += x[m + 2, k] * wk
+        a3 += x[m + 3, k] * wk
+    if accumulate:
+        out[m, n] += a0
+        out[m + 1, n] += a1
+        out[m + 2, n] += a2
+        out[m + 3, n] += a3
+    else:
+        out[m, n] = a0
+        out[m + 1, n] = a1
+        out[m + 2, n] = a2
+        out[m + 3, n] = a3
+
+
+@njit(fastmath=_FAST, inline="always")
+def _dot1(x, w, out, m, n, accumulate):  # pragma: no cover - compiled
+    """out[m, n] (+)= x[m, :] . w[n, :]"""
+    acc = np.float32(0.0)
+    for k in range(x.shape[1]):
+        acc += x[m, k] * w[n, k]
+    if accumulate:
+        out[m, n] += acc
+    else:
+        out[m, n] = acc
 
 
 @njit(parallel=True, fastmath=_FAST, cache=True)
 def matmul(x, w, out, accumulate):  # pragma: no cover - compiled
     """out[m, n] (+)= x[m, :] . w[n, :]   x: (M, K), w: (N, K), out: (M, N), float32.
 
-    Parallel over output features: each thread streams its slice of w from memory once and uses
-    each weight row (then in L1) for all M rows, so verifying k tokens reads the weights once.
-    Rows go four at a time (one load of w[n, k] feeds four accumulators), the last M % 4 one at a
-    time. Both loops accumulate a row exactly as the other does: LLVM vectorizes each
+    Parallel over tiles of _TILE output features: each thread streams its tiles of w from memory
+    once. Rows go four at a time (_dot4), the last M % 4 one at a time (_dot1), right after the
+    last block of four so that w[n] is still in L1. All blocks but the last sweep the tile while
+    it sits in L2, keeping their four rows of x in L1 (with many rows, x does not fit in L1 beside
+    a weight row). _dot4 and _dot1 accumulate a row exactly as each other: LLVM vectorizes each
     accumulator the same way (checked at start-up by rows_agree(), and by the tests).
     """
-    m_rows, k_dim = x.shape
+    m_rows = x.shape[0]
     n_out = w.shape[0]
     m_fours = m_rows - m_rows % 4
-    for n in prange(n_out):
-        for m in range(0, m_fours, 4):
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
-            for k in range(k_dim):
-                wk = w[n, k]
-                a0 += x[m, k] * wk
-                a1 += x[m + 1, k] * wk
-                a2 += x[m + 2, k] * wk
-                a3 += x[m + 3, k] * wk
-            if accumulate:
-                out[m, n] += a0
-                out[m + 1, n] += a1
-                out[m + 2, n] += a2
-                out[m + 3, n] += a3
-            else:
-                out[m, n] = a0
-                out[m + 1, n] = a1
-                out[m + 2, n] = a2
-                out[m + 3, n] = a3
-        for m in range(m_fours, m_rows):
-            acc = np.float32(0.0)
-            for k in range(k_dim):
-                acc += x[m, k] * w[n, k]
-            if accumulate:
-                out[m, n] += acc
-            else:
-                out[m, n] = acc
+    last = max(m_fours - 4, 0)
+    for t in prange((n_out + _TILE - 1) // _TILE):
+        n_first = t * _TILE
+        n_end = min(n_out, n_first + _TILE)
+        for m in range(0, last, 4):
+            for n in range(n_first, n_end):
+                _dot4(x, w, out, m, n, accumulate)
+        for n in range(n_first, n_end):
+            if m_fours > 0:
+                _dot4(x, w, out, last, n, accumulate)
+            for m in range(m_fours, m_rows):
+                _dot1(x, w, out, m, n, accumulate)
 
 
 @njit(parallel=True, fastmath=_FAST, cache=True)
 def matmul_rowwise(x, w, out, accumulate):  # pragma: no cover - compiled
-    """matmul one row at a time: the fallback where rows_agree() finds the four-row loop
-    vectorized differently from the one-row loop on this CPU."""
-    m_rows, k_dim = x.shape
+    """matmul one row at a time: the fallback where rows_agree() finds _dot4 vectorized
+    differently from _dot1 on this CPU."""
     for n in prange(w.shape[0]):
-        for m in range(m_rows):
-            acc = np.float32(0.0)
-            for k in range(k_dim):
-                acc += x[m, k] * w[n, k]
-            if accumulate:
-                out[m, n] += acc
-            else:
-                out[m, n] = acc
+        for m in range(x.shape[0]):
+            _dot1(x, w, out, m, n, accumulate)
 
 
 def rows_agree() -> bool:
     """Does matmul give each row the same bits whether it runs in a group of four or alone?"""
     g = np.random.default_rng(0)
-    x = g.standard_normal((7, 100), dtype=np.float32)
-    w = g.standard_normal((64, 100), dtype=np.float32)
-    together = np.empty((7, 64), np.float32)
+    x = g.standard_normal((11, 100), dtype=np.float32)  # two blocks of four and three alone
+    w = g.standard_normal((80, 100), dtype=np.float32)  # a partial tile
+    together = np.empty((11, 80), np.float32)
     matmul(x, w, together, False)
-    for i in range(7):
-        alone = np.empty((1, 64), np.float32)
+    for i in range(11):
+        alone = np.empty((1, 80), np.float32)
         matmul(x[i : i + 1], w, alone, False)
         if not np.array_equal(alone[0], together[i]):
             return False
