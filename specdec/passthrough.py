@@ -61,6 +61,7 @@ class PassthroughService:
         self.metrics = metrics or NoMetrics()
         self.warn = warn
         self.warned = False
+        self.in_flight = 0
 
     def _ignored_controls(self, req: SpecDecodeRequest) -> None:
         """draft_method and num_draft_tokens do not reach in-engine speculation: say so, once."""
@@ -87,6 +88,8 @@ class PassthroughService:
 
         target = EngineClient(call_with_metrics, self.target_model)
         final = Chunk([], True, gen)
+        self.in_flight += 1
+        self.metrics.in_flight(self.in_flight)
         try:
             while not gen.finished:
                 if is_cancelled():
@@ -105,5 +108,7 @@ class PassthroughService:
                 else:
                     yield Chunk(new, False, gen)
         finally:
+            self.in_flight -= 1
             self.metrics.finished(self.label, gen.finish_reason or "error", len(gen.generated))
+            self.metrics.in_flight(self.in_flight)
         yield final

@@ -50,6 +50,9 @@ class EngineError(RuntimeError):
 
 
 class Metrics(Protocol):
+    """A request's start calls in_flight(), its end finished() then in_flight(): in_flight()
+    is where an implementation sends what it recorded (one round trip per start and end)."""
+
     def round(self, proposer: str, num_draft: int, num_accepted: int) -> None: ...
     def finished(self, proposer: str, reason: str, num_tokens: int) -> None: ...
     def fallback(self, proposer: str) -> None: ...

@@ -14,7 +14,7 @@ from specdec.engine.engine import Engine, GenerationRequest
 from specdec.loop import RequestSpec
 from specdec.passthrough import PassthroughService, drafts_in_engine
 from specdec.sampling import SamplingParams
-from specdec.spec_decode import local_call
+from specdec.spec_decode import NoMetrics, local_call
 from specdec.triton_io import SpecDecodeRequest
 
 CONTINUATION = list(range(10, 60))  # what the fake engine generates after any prompt
@@ -83,6 +83,32 @@ def test_streams_chunks_and_reports_the_engines_acceptance(profile):
         assert int(call["runtime_top_k"].reshape(-1)[0]) == 1  # TensorRT-LLM's greedy
         assert "draft_input_ids" not in call
     assert [int(c["input_lengths"].reshape(-1)[0]) for c in engine.calls] == [3, 35]
+
+
+class RecordingMetrics(NoMetrics):
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def finished(self, proposer, reason, num_tokens):
+        self.events.append(("finished", proposer, reason, num_tokens))
+
+    def in_flight(self, requests):
+        self.events.append(("in_flight", requests))
+
+
+def test_in_flight_gauge_and_finish_are_reported_even_when_the_engine_fails(profile):
+    metrics = RecordingMetrics()
+    service = PassthroughService(profile, FakeTrtllm(), metrics)
+    asyncio.run(_serve(service, _request(40, stream=True)))
+    assert metrics.events == [("in_flight", 1), ("finished", "lookahead", "length", 40), ("in_flight", 0)]
+
+    async def failing(model, inputs, outputs, request_id):
+        raise RuntimeError("engine down")
+
+    metrics.events.clear()
+    with pytest.raises(RuntimeError, match="engine down"):
+        asyncio.run(_serve(PassthroughService(profile, failing, metrics), _request(40, stream=True)))
+    assert metrics.events == [("in_flight", 1), ("finished", "lookahead", "error", 0), ("in_flight", 0)]
 
 
 def test_without_streaming_one_call(profile):

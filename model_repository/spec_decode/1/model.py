@@ -104,7 +104,7 @@ class TritonMetrics:
 
     def in_flight(self, requests):
         self._set("in_flight", requests)
-        self.flush()  # a request started or ended: one flush each, and the gauge is current
+        self.flush()  # a request started or ended (after finished()): one flush each, the gauge current
 
     def fallback(self, proposer):
         self._add("fallbacks", 1, proposer=proposer)
@@ -112,7 +112,6 @@ class TritonMetrics:
     def finished(self, proposer, reason, num_tokens):
         self._add("requests", 1, proposer=proposer, reason=reason)
         self._add("tokens", num_tokens, proposer=proposer)
-        self.flush()
 
 
 def _response(arrays):
