@@ -32,13 +32,17 @@ def _rows_alone(fn, x: np.ndarray) -> np.ndarray:
 SELECTED = CpuOps()._matmul
 
 
+def _product(kernel, x: np.ndarray, w: np.ndarray, spans: int, out: np.ndarray, accumulate: bool) -> np.ndarray:
+    kernel(kernels.in_spans(x, spans), kernels.in_spans(w, spans), out, accumulate)
+    return out
+
+
+@pytest.mark.parametrize("spans", [1, 3])
 @pytest.mark.parametrize("kernel", [SELECTED, kernels.matmul_rowwise], ids=["selected", "rowwise"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 80])
-def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows, kernel):
+def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows, kernel, spans):
     def linear(x):
-        out = np.empty((len(x), len(data["w"])), np.float32)
-        kernel(x, data["w"], out, False)
-        return out
+        return _product(kernel, x, data["w"], spans, np.empty((len(x), len(data["w"])), np.float32), False)
 
     x = data["x"][:rows]
     together = linear(x)
@@ -46,11 +50,18 @@ def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows, kernel):
     np.testing.assert_allclose(together, x @ data["w"].T, rtol=1e-4, atol=1e-4)
 
 
-def test_accumulate_adds_the_product(data):
+@pytest.mark.parametrize("spans", [1, 3])
+def test_accumulate_adds_the_product(data, spans):
     x, w = data["x"][:6], data["w"]
-    res = np.ones((6, len(w)), np.float32)
-    SELECTED(x, w, res, True)
+    res = _product(SELECTED, x, w, spans, np.ones((6, len(w)), np.float32), True)
     np.testing.assert_allclose(res, 1 + x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_spans_cut_long_dot_products_evenly():
+    assert [kernels.span_count(k) for k in (96, 576, 768, 1536, 2048, 8192, 769)] == [1, 1, 1, 2, 4, 16, 1]
+    a = np.arange(24, dtype=np.float32).reshape(2, 12)
+    assert np.shares_memory(kernels.in_spans(a, 1), a)  # one span: a view, no copy
+    assert np.array_equal(kernels.in_spans(a, 3)[1], a[:, 4:8])
 
 
 @pytest.mark.parametrize("rows", [1, 4, 33])
@@ -97,8 +108,7 @@ def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target):
 def test_cpu_kernels_agree_with_the_torch_implementation(tiny_target):
     """Two independent implementations of the same forward (numba on CPU, torch for CUDA)."""
     cpu = Llama(tiny_target)
-    ref = Llama(tiny_target)
-    ref.ops = TorchOps()
+    ref = Llama(tiny_target, ops=TorchOps())
     assert isinstance(cpu.ops, CpuOps)
     tokens = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79], dtype=torch.int64)
     args = (tokens, torch.arange(8), torch.zeros(8, dtype=torch.int64), torch.arange(8))

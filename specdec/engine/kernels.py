@@ -22,6 +22,9 @@ from numba import njit, prange
 
 _FAST = {"reassoc", "contract"}
 _TILE = 32  # output features whose weights a thread keeps in L2 across blocks of rows
+# A dot product longer than this is cut into spans: four rows of x (4 x 3 KB) and a weight row
+# then fit in L1 together (the MLP's down projection, K = 1536, ran 1.5x slower per weight).
+_SPAN = 768
 
 
 @njit(fastmath=_FAST, inline="always")
@@ -63,51 +66,72 @@ def _dot1(x, w, out, m, n, accumulate):  # pragma: no cover - compiled
 
 @njit(parallel=True, fastmath=_FAST, cache=True)
 def matmul(x, w, out, accumulate):  # pragma: no cover - compiled
-    """out[m, n] (+)= x[m, :] . w[n, :]   x: (M, K), w: (N, K), out: (M, N), float32.
+    """out[m, n] (+)= sum over spans s of x[s, m, :] . w[s, n, :], span by span, float32.
+    x: (S, M, KS), w: (S, N, KS), out: (M, N); the spans split K (see in_spans).
 
     Parallel over tiles of _TILE output features: each thread streams its tiles of w from memory
     once. Rows go four at a time (_dot4), the last M % 4 one at a time (_dot1), right after the
     last block of four so that w[n] is still in L1. All blocks but the last sweep the tile while
-    it sits in L2, keeping their four rows of x in L1 (with many rows, x does not fit in L1 beside
-    a weight row). _dot4 and _dot1 accumulate a row exactly as each other: LLVM vectorizes each
-    accumulator the same way (checked at start-up by rows_agree(), and by the tests).
+    it sits in L2, keeping their four rows of x in L1. _dot4 and _dot1 accumulate a row exactly
+    as each other: LLVM vectorizes each accumulator the same way (checked at start-up by
+    rows_agree(), and by the tests).
     """
-    m_rows = x.shape[0]
-    n_out = w.shape[0]
+    spans, m_rows, _ = x.shape
+    n_out = w.shape[1]
     m_fours = m_rows - m_rows % 4
     last = max(m_fours - 4, 0)
     for t in prange((n_out + _TILE - 1) // _TILE):
         n_first = t * _TILE
         n_end = min(n_out, n_first + _TILE)
-        for m in range(0, last, 4):
+        for s in range(spans):
+            xs = x[s]
+            ws = w[s]
+            add = accumulate or s > 0
+            for m in range(0, last, 4):
+                for n in range(n_first, n_end):
+                    _dot4(xs, ws, out, m, n, add)
             for n in range(n_first, n_end):
-                _dot4(x, w, out, m, n, accumulate)
-        for n in range(n_first, n_end):
-            if m_fours > 0:
-                _dot4(x, w, out, last, n, accumulate)
-            for m in range(m_fours, m_rows):
-                _dot1(x, w, out, m, n, accumulate)
+                if m_fours > 0:
+                    _dot4(xs, ws, out, last, n, add)
+                for m in range(m_fours, m_rows):
+                    _dot1(xs, ws, out, m, n, add)
 
 
 @njit(parallel=True, fastmath=_FAST, cache=True)
 def matmul_rowwise(x, w, out, accumulate):  # pragma: no cover - compiled
     """matmul one row at a time: the fallback where rows_agree() finds _dot4 vectorized
     differently from _dot1 on this CPU."""
-    for n in prange(w.shape[0]):
-        for m in range(x.shape[0]):
-            _dot1(x, w, out, m, n, accumulate)
+    for n in prange(w.shape[1]):
+        for s in range(x.shape[0]):
+            for m in range(x.shape[1]):
+                _dot1(x[s], w[s], out, m, n, accumulate or s > 0)
+
+
+def span_count(k_dim: int) -> int:
+    """Into how many equal spans of at most _SPAN a dot product of length k_dim is cut: the
+    fewest that divide it, if there are no more than twice the minimum; else 1 (not cut)."""
+    fewest = -(-k_dim // _SPAN)
+    return next((n for n in range(fewest, 2 * fewest + 1) if k_dim % n == 0), 1)
+
+
+def in_spans(a: np.ndarray, count: int) -> np.ndarray:
+    """(R, K) -> (count, R, K / count), contiguous: the layout matmul takes. One span is a view."""
+    if count == 1:
+        return a[None]
+    rows, k_dim = a.shape
+    return np.ascontiguousarray(a.reshape(rows, count, k_dim // count).transpose(1, 0, 2))
 
 
 def rows_agree() -> bool:
     """Does matmul give each row the same bits whether it runs in a group of four or alone?"""
     g = np.random.default_rng(0)
-    x = g.standard_normal((11, 100), dtype=np.float32)  # two blocks of four and three alone
-    w = g.standard_normal((80, 100), dtype=np.float32)  # a partial tile
+    x = in_spans(g.standard_normal((11, 100), dtype=np.float32), 2)  # two blocks of four and three alone
+    w = in_spans(g.standard_normal((80, 100), dtype=np.float32), 2)  # a partial tile
     together = np.empty((11, 80), np.float32)
     matmul(x, w, together, False)
     for i in range(11):
         alone = np.empty((1, 80), np.float32)
-        matmul(x[i : i + 1], w, alone, False)
+        matmul(np.ascontiguousarray(x[:, i : i + 1]), w, alone, False)
         if not np.array_equal(alone[0], together[i]):
             return False
     return True

@@ -80,6 +80,8 @@ def rope_tables(cfg: LlamaConfig, length: int) -> tuple[torch.Tensor, torch.Tens
 
 @dataclass
 class Layer:
+    """Projection weights are (out, in) matrices in the layout of ops.weight()."""
+
     attn_norm: torch.Tensor  # (D,)
     wqkv: torch.Tensor  # ((H + 2G) * Dh, D)  q, k, v rows fused: one pass over memory
     wo: torch.Tensor  # (D, H * Dh)
@@ -89,13 +91,17 @@ class Layer:
 
 
 class Llama:
-    def __init__(self, model_dir: Path, device: str = "cpu", dtype: str = "float32"):
+    def __init__(
+        self, model_dir: Path, device: str = "cpu", dtype: str = "float32", ops: CpuOps | TorchOps | None = None
+    ):
+        """ops: the implementation of the forward's operations; default: the numba kernels on
+        CPU, torch on CUDA."""
         self.cfg = LlamaConfig.from_dir(model_dir)
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         if self.device.type == "cpu" and self.dtype != torch.float32:
             raise ValueError("the CPU engine computes in float32 (no fast bf16/fp16 path on CPU)")
-        self.ops = CpuOps() if self.device.type == "cpu" else TorchOps()
+        self.ops = ops or (CpuOps() if self.device.type == "cpu" else TorchOps())
         self._load(Path(model_dir))
 
     def _load(self, model_dir: Path) -> None:
@@ -109,6 +115,7 @@ class Llama:
         def take(name: str) -> torch.Tensor:
             return sd.pop(name).to(self.device, self.dtype).contiguous()
 
+        linear = self.ops.weight
         self.embed = take("model.embed_tokens.weight")
         self.layers = []
         for i in range(self.cfg.num_hidden_layers):
@@ -116,21 +123,20 @@ class Llama:
             self.layers.append(
                 Layer(
                     attn_norm=take(p + "input_layernorm.weight"),
-                    wqkv=torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
-                    wo=take(p + "self_attn.o_proj.weight"),
+                    wqkv=linear(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
+                    wo=linear(take(p + "self_attn.o_proj.weight")),
                     mlp_norm=take(p + "post_attention_layernorm.weight"),
-                    w_gate_up=torch.cat(
-                        [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
-                    ).contiguous(),
-                    w_down=take(p + "mlp.down_proj.weight"),
+                    w_gate_up=linear(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
+                    w_down=linear(take(p + "mlp.down_proj.weight")),
                 )
             )
         self.norm = take("model.norm.weight")
-        self.lm_head = self.embed if self.cfg.tie_word_embeddings else take("lm_head.weight")
+        tied = self.cfg.tie_word_embeddings
+        self.lm_head = linear(self.embed if tied else take("lm_head.weight"))  # tied: a view of embed
 
     def weight_bytes(self) -> int:
         tensors = [self.embed, self.norm, *(t for layer in self.layers for t in vars(layer).values())]
-        if self.lm_head is not self.embed:
+        if not self.cfg.tie_word_embeddings:
             tensors.append(self.lm_head)
         return sum(t.numel() * t.element_size() for t in tensors)
 

@@ -3,7 +3,8 @@
 CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 only.
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 Both write new keys/values into the cache before attention reads it, so rows of the same
-sequence in one call attend to each other causally.
+sequence in one call attend to each other causally. linear() takes its weight in the layout
+weight() made of the (N, K) matrix: the CPU kernel's spans of K, the matrix itself for torch.
 """
 
 from __future__ import annotations
@@ -24,13 +25,17 @@ class CpuOps:
         kernels.rmsnorm(x.numpy(), weight.numpy(), eps, out.numpy())
         return out
 
+    def weight(self, w: torch.Tensor) -> torch.Tensor:
+        """(N, K) -> the (S, N, K / S) spans that linear() takes (kernels.in_spans)."""
+        return torch.from_numpy(kernels.in_spans(w.numpy(), kernels.span_count(w.shape[1])))
+
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
-        self._matmul(x.numpy(), w.numpy(), out.numpy(), False)
+        out = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype)
+        self._matmul(kernels.in_spans(x.numpy(), w.shape[0]), w.numpy(), out.numpy(), False)
         return out
 
     def linear_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> None:
-        self._matmul(x.numpy(), w.numpy(), residual.numpy(), True)
+        self._matmul(kernels.in_spans(x.numpy(), w.shape[0]), w.numpy(), residual.numpy(), True)
 
     def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
         q = torch.empty(qkv.shape[0], n_heads, head_dim, dtype=qkv.dtype)
@@ -52,6 +57,9 @@ class CpuOps:
 
 
 class TorchOps:
+    def weight(self, w: torch.Tensor) -> torch.Tensor:
+        return w
+
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
