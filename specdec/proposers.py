@@ -21,16 +21,22 @@ class NgramProposer:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
+    def matches(self, tokens: np.ndarray) -> np.ndarray:
+        """Where the tokens after each earlier occurrence of the longest matching suffix start,
+        oldest first; empty when no suffix of min_n..max_n tokens occurred earlier."""
         tokens = np.asarray(tokens)
         length = len(tokens)
-        if k <= 0:
-            return tokens[:0]
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             # windows starting at 0 .. length-n-1: each has at least one token after it
             windows = sliding_window_view(tokens[: length - 1], n)
             hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
             if len(hits):
-                start = int(hits[-1]) + n
-                return tokens[start : start + k]
-        return tokens[:0]
+                return hits + n
+        return np.zeros(0, dtype=np.int64)
+
+    def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
+        tokens = np.asarray(tokens)
+        starts = self.matches(tokens)
+        if k <= 0 or len(starts) == 0:
+            return tokens[:0]
+        return tokens[starts[-1] : starts[-1] + k]

@@ -17,6 +17,12 @@ def test_most_recent_occurrence_wins():
     assert NgramProposer(1, 1).propose(tokens, 1).tolist() == [2]
 
 
+def test_matches_lists_every_earlier_occurrence_of_the_longest_suffix():
+    tokens = np.array([1, 2, 3, 9, 4, 2, 3, 7, 2, 3])
+    assert NgramProposer(1, 3).matches(tokens).tolist() == [3, 7]  # "2 3" twice; "1 2 3" never
+    assert NgramProposer(3, 3).matches(tokens).tolist() == []
+
+
 def test_no_match_proposes_nothing():
     assert NgramProposer(2, 3).propose(np.array([1, 2, 3, 4]), 4).tolist() == []
 
