@@ -36,7 +36,7 @@ class NgramProposer:
 
     def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
         tokens = np.asarray(tokens)
-        starts = self.matches(tokens)
-        if k <= 0 or len(starts) == 0:
+        starts = self.matches(tokens) if k > 0 else ()
+        if len(starts) == 0:
             return tokens[:0]
         return tokens[starts[-1] : starts[-1] + k]
