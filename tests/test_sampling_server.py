@@ -44,6 +44,7 @@ def stats_server(embedded_profile, smollm_dir):
 PROMPT = "Once upon a time, in a"
 PER_ARM = 240
 SAMPLING = {"temperature": 0.8, "top_p": 0.95}
+REQUEST_DEADLINE_S = 120  # each takes well under a second here
 
 
 def _records_for_seeds(server, prompt_ids, seeds, **params):
@@ -53,7 +54,11 @@ def _records_for_seeds(server, prompt_ids, seeds, **params):
 
             async def one(seed):
                 async with gate:
-                    return await client.generate_ids(prompt_ids, GenerationParams(seed=seed, **params))
+                    # a request the server never ends (its spec_decode stub died) fails the test
+                    # at once, not at pytest's timeout
+                    return await asyncio.wait_for(
+                        client.generate_ids(prompt_ids, GenerationParams(seed=seed, **params)), REQUEST_DEADLINE_S
+                    )
 
             return await asyncio.gather(*(one(s) for s in seeds))
 
