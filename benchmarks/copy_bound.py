@@ -35,6 +35,7 @@ from specdec.client.machine import describe, summary_line
 from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.config import load_profile
 from specdec.engine.engine import Engine, GenerationRequest
+from specdec.loop import accepted_length
 from specdec.progress import console, progress_bar
 from specdec.proposers import NgramProposer
 from specdec.tokenizer import TextTokenizer
@@ -70,17 +71,9 @@ def oracle_copy(context: np.ndarray, continuation: np.ndarray, k: int) -> np.nda
 def best_match(ngram: NgramProposer) -> Propose:
     def propose(context: np.ndarray, continuation: np.ndarray, k: int) -> np.ndarray:
         drafts = [context[start : start + k] for start in ngram.matches(context)]
-        return max(drafts, key=lambda d: accepted(d, continuation), default=context[:0])
+        return max(drafts, key=lambda d: accepted_length(d, continuation), default=context[:0])
 
     return propose
-
-
-def accepted(draft: np.ndarray, continuation: np.ndarray) -> int:
-    """Greedy verification's accepted length: the common prefix of the draft and the truth."""
-    n = 0
-    while n < len(draft) and n < len(continuation) and draft[n] == continuation[n]:
-        n += 1
-    return n
 
 
 def replay(sample: Sample, propose: Propose, k: int) -> list[int]:
@@ -91,7 +84,7 @@ def replay(sample: Sample, propose: Propose, k: int) -> list[int]:
     while i < len(out):
         budget = min(k, len(out) - i - 1)  # a round never goes past the output's end
         draft = propose(np.asarray(tokens), out[i:], budget) if budget > 0 else out[:0]
-        n = accepted(draft, out[i:])
+        n = accepted_length(draft, out[i:])
         drafts.append(len(draft))
         tokens += out[i : i + n + 1].tolist()
         i += n + 1

@@ -70,6 +70,15 @@ class RequestSpec:
     stop_words: tuple[tuple[int, ...], ...] = ()
 
 
+def accepted_length(draft: Sequence[int], target_tokens: Sequence[int]) -> int:
+    """Draft tokens a greedy verification accepts: the common prefix of the draft and the
+    target's tokens."""
+    n = 0
+    while n < min(len(draft), len(target_tokens)) and draft[n] == target_tokens[n]:
+        n += 1
+    return n
+
+
 class Generation:
     """State of one request: its tokens, why it finished, and its acceptance statistics."""
 
@@ -92,10 +101,7 @@ class Generation:
         """Record one round; return the tokens to stream, with the stop conditions applied."""
         if not target_tokens:
             raise RuntimeError("the target returned no token")
-        num_accepted = 0
-        while num_accepted < min(len(draft), len(target_tokens)) and draft[num_accepted] == target_tokens[num_accepted]:
-            num_accepted += 1
-        self.stats.record(len(draft), num_accepted)
+        self.stats.record(len(draft), accepted_length(draft, target_tokens))
         out: list[int] = []
         for tok in target_tokens:
             if tok == self.spec.end_id:
