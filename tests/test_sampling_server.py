@@ -55,7 +55,7 @@ def _records_for_seeds(server, prompt_ids, seeds, **params):
             async def one(seed):
                 async with gate:
                     # a request the server never ends (its spec_decode stub died) fails the test
-                    # at once, not at pytest's timeout
+                    # after REQUEST_DEADLINE_S, not at pytest's timeout
                     return await asyncio.wait_for(
                         client.generate_ids(prompt_ids, GenerationParams(seed=seed, **params)), REQUEST_DEADLINE_S
                     )
