@@ -114,8 +114,11 @@ class TritonMetrics:
         self._add("tokens", num_tokens, proposer=proposer)
 
 
-def _response(arrays):
-    return pb_utils.InferenceResponse([pb_utils.Tensor(name, arr) for name, arr in arrays.items()])
+def _response(arrays, requested):
+    """A response with only the outputs the caller asked for. Triton 2.51's response sender drops
+    the others itself, with the GIL released (python_backend #390 fixed that later): freeing their
+    arrays without the GIL corrupted this stub's heap under load, and the stub died mid-request."""
+    return pb_utils.InferenceResponse([pb_utils.Tensor(name, arr) for name, arr in arrays.items() if name in requested])
 
 
 class TritonPythonModel:
@@ -154,6 +157,7 @@ class TritonPythonModel:
                 sender.send(flags=FINAL)
                 return
             req = parse_spec_decode(inputs, self.profile, self.vocab_size)
+            requested = set(request.requested_output_names())
             self.live[sequence_id] = False
             sent = []  # tokens already sent, for the postprocessing window
             pending = []
@@ -172,7 +176,7 @@ class TritonPythonModel:
                 pending += chunk.tokens
                 if req.stream or chunk.final:
                     outputs = spec_decode_outputs(sent, pending, chunk.final, chunk.gen.stats, sequence_id)
-                    sender.send(_response(outputs), flags=FINAL if chunk.final else 0)
+                    sender.send(_response(outputs, requested), flags=FINAL if chunk.final else 0)
                     sent += pending
                     pending = []
         except InvalidInput as err:
