@@ -193,10 +193,18 @@ class SpecDecodeService:
             drain_path(profile.build_path()),
         )
 
-    def _proposer(self, name: str, sampling: SamplingParams, key: str, end_id: int | None) -> loop.Proposer:
+    def _proposer(
+        self, name: str, sampling: SamplingParams, key: str, end_id: int | None, prompt_length: int
+    ) -> loop.Proposer:
         if name == "ngram":
 
             async def ngram(tokens: list[int], k: int) -> loop.Draft:
+                # In the prefill round the suffix is the prompt's own tail (after a chat template,
+                # the assistant header), which the answer does not continue: none of 168 such
+                # draft tokens over the built-in prompts was accepted, and they cost rows of
+                # every batch they joined. Lookup starts with the first generated token.
+                if len(tokens) <= prompt_length:
+                    return loop.NO_DRAFT
                 return loop.Draft(self.ngram.propose(np.asarray(tokens), k).tolist())
 
             return ngram
@@ -240,7 +248,7 @@ class SpecDecodeService:
         sampling, end_id = request_sampling(req), request_end_id(req)
         key = new_sequence_key()
         gen = loop.Generation(req.spec)
-        propose = self._proposer(req.proposer, sampling, key, end_id)
+        propose = self._proposer(req.proposer, sampling, key, end_id, len(req.spec.prompt_ids))
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
             rows = len(draft.ids) + 1 if gen.stats.rounds else len(tokens)  # the first call prefills

@@ -124,6 +124,25 @@ def test_every_call_of_an_engine_carries_the_same_inputs(tiny_target, tiny_draft
     assert {"draft_input_ids", "draft_logits", "return_generation_logits"} <= set(next(iter(names["target"])))
 
 
+def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft):
+    """The prompt's tail repeats inside it, so lookup would match there; yet the prefill round
+    carries no draft (what follows a prompt is not in it) and later rounds do."""
+    svc, _ = make_service(tiny_target, tiny_draft)
+    inner, drafts = svc.target.call, []
+
+    async def recording(model, inputs, outputs, request_id):
+        if "stop" not in inputs:
+            drafts.append(inputs["draft_input_ids"].shape[1])
+        return await inner(model, inputs, outputs, request_id)
+
+    svc.target.call = recording
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+    assert svc.ngram.propose(np.array(prompt), 3).tolist() == [8, 5, 6]
+    (tokens,) = run_all(svc, [request(prompt, max_tokens=24, k=3, proposer="ngram")])
+    assert tokens == run_all(svc, [request(prompt, max_tokens=24, k=0, proposer="none")])[0]
+    assert drafts[0] == 0 and any(drafts[1:]), drafts
+
+
 def test_caches_are_released_when_requests_end(service):
     svc, engines = service
     run_all(svc, [request(p, proposer="draft_model") for p in PROMPTS])
