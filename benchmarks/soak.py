@@ -1,9 +1,12 @@
 """Soak: thousands of mixed requests against one server, bounded in count and time.
 
 Greedy, sampled, streamed, cancelled mid-stream and malformed requests, over both proposers,
-at a fixed concurrency. Checks that no error other than the intended refusals occurs, that the
-KV cache is empty at the end, and reports the server's resident memory after warm-up and at
-every tenth of the run (it should stay flat).
+at a fixed concurrency; half as text through the ensemble, half as token ids straight to
+spec_decode asking for some of its outputs (the load generator's path). Checks that no error
+other than the intended refusals occurs, that every request ends within REQUEST_DEADLINE_S (a
+Python stub that dies leaves its requests waiting forever), that the KV cache is empty at the
+end, and reports the server's resident memory after warm-up and at every tenth of the run (it
+should stay flat).
 
     .venv/bin/python benchmarks/soak.py --requests 2000 --concurrency 8 [--url HOST:PORT]
 """
@@ -25,6 +28,9 @@ from specdec.client.server_stats import find_listening_pid, memory_snapshot, scr
 from specdec.config import load_profile
 from specdec.progress import console, progress_bar
 from specdec.serve import embedded_server
+from specdec.tokenizer import TextTokenizer
+
+REQUEST_DEADLINE_S = 120  # each takes a few seconds at most here
 
 PROMPTS = [
     "Summarize in one sentence: the river rose after three days of rain and flooded the low fields.",
@@ -35,8 +41,9 @@ PROMPTS = [
 ]
 
 
-def request_mix(i: int, rng: random.Random) -> tuple[str, GenerationParams, str]:
-    """The i-th request: its prompt, parameters and kind (what the outcome should be)."""
+def request_mix(i: int, rng: random.Random) -> tuple[str, GenerationParams, str, str]:
+    """The i-th request: its prompt, parameters, kind (what the outcome should be) and route
+    (text through the ensemble, or token ids to spec_decode)."""
     prompt = PROMPTS[i % len(PROMPTS)]
     method = rng.choice(["ngram", "draft_model", "none"])
     params = GenerationParams(max_tokens=rng.randint(4, 48), draft_method=method, num_draft_tokens=rng.randint(0, 8))
@@ -45,15 +52,18 @@ def request_mix(i: int, rng: random.Random) -> tuple[str, GenerationParams, str]
         params.temperature, params.top_p, params.seed = 0.8, 0.95, rng.randrange(2**32)
     elif kind == "bad":
         params.max_tokens = rng.choice([0, -1, 10**7])
-    return prompt, params, kind
+    return prompt, params, kind, rng.choice(["text", "ids"])
 
 
 def resident_mib(pid: int | None) -> float:
     return sum(m.rss for m in memory_snapshot(pid).values()) / 2**20 if pid else float("nan")
 
 
-async def soak(url: str, metrics_url: str, pid: int | None, n: int, concurrency: int, deadline_s: float) -> dict:
+async def soak(
+    url: str, metrics_url: str, pid: int | None, tokenizer: TextTokenizer, n: int, concurrency: int, deadline_s: float
+) -> dict:
     rng = random.Random(0)
+    prompt_ids = {p: tokenizer.encode(tokenizer.chat_prompt(p)) for p in PROMPTS}
     mix = [request_mix(i, rng) for i in range(n)]
     outcomes: dict[str, int] = {}
     unexpected: list[str] = []
@@ -63,18 +73,26 @@ async def soak(url: str, metrics_url: str, pid: int | None, n: int, concurrency:
     gate = asyncio.Semaphore(concurrency)
     async with TritonClient(url) as client:
 
-        async def one(prompt: str, params: GenerationParams, kind: str) -> None:
+        async def one(prompt: str, params: GenerationParams, kind: str, route: str) -> None:
             nonlocal done
             async with gate:
                 if time.monotonic() > deadline:
                     outcomes["skipped (time bound)"] = outcomes.get("skipped (time bound)", 0) + 1
                     return
-                record = await client.generate(prompt, params, cancel_after=1 if kind == "cancelled" else None)
-            ok = (record.error is not None) if kind == "bad" else (record.error is None)
-            key = f"{kind}: {'as expected' if ok else 'UNEXPECTED'}"
+                cancel_after = 1 if kind == "cancelled" else None
+                if route == "ids":
+                    request = client.generate_ids(prompt_ids[prompt], params, cancel_after=cancel_after)
+                else:
+                    request = client.generate(prompt, params, cancel_after=cancel_after)
+                try:
+                    error = (await asyncio.wait_for(request, REQUEST_DEADLINE_S)).error
+                except TimeoutError:
+                    error = f"no answer in {REQUEST_DEADLINE_S} s"
+            ok = (error is not None) if kind == "bad" else (error is None)
+            key = f"{kind} ({route}): {'as expected' if ok else 'UNEXPECTED'}"
             outcomes[key] = outcomes.get(key, 0) + 1
             if not ok:
-                unexpected.append(f"{kind} {params}: {record.error}")
+                unexpected.append(f"{kind} ({route}) {params}: {error}")
             done += 1
             if done % max(n // 10, 1) == 0:
                 memory.append((done, resident_mib(pid)))
@@ -107,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-url", help="with --url: its metrics endpoint")
     ap.add_argument("--output", type=Path, default=Path("benchmarks/results/soak.json"))
     args = ap.parse_args(argv)
-    with embedded_server(load_profile(), args.url) as (grpc_url, _, server):
+    profile = load_profile()
+    with embedded_server(profile, args.url) as (grpc_url, _, server):
+        tokenizer = TextTokenizer(profile.model_dir("target"))  # converted by now
         metrics_url = server.metrics_url if server else args.metrics_url
         pid = server.process.pid if server else find_listening_pid(int(grpc_url.rsplit(":", 1)[1]))
-        result = asyncio.run(soak(grpc_url, metrics_url, pid, args.requests, args.concurrency, args.max_seconds))
+        result = asyncio.run(
+            soak(grpc_url, metrics_url, pid, tokenizer, args.requests, args.concurrency, args.max_seconds)
+        )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2))
     table = Table(title=f"soak: {result['requests']} requests, concurrency {result['concurrency']}")
