@@ -86,6 +86,7 @@ SPEC_DECODE_OUTPUTS: dict[str, np.dtype] = {
     "total_draft_tokens": np.int32,
     "total_accepted_draft_tokens": np.int32,
     "total_draft_rounds": np.int32,
+    "num_output_tokens": np.int32,
     "acceptance_rate": np.float32,
 }
 

@@ -19,6 +19,7 @@ import torch
 from prompts import PASSAGE, PROMPTS
 
 from specdec.client.client import GenerationParams, TritonClient, http_generate
+from specdec.contract import SPEC_DECODE_INPUTS, SPEC_DECODE_OUTPUTS
 
 pytestmark = pytest.mark.server
 
@@ -230,6 +231,22 @@ def test_bad_token_level_input_to_spec_decode(server, tokenizer):
     assert "input_ids" in asyncio.run(main([tokenizer.vocab_size + 5])).error
     assert "input_ids" in asyncio.run(main([-1])).error
     assert "temperature" in asyncio.run(main([1, 2], temperature=float("nan"))).error
+
+
+@pytest.mark.parametrize("asked", [[], ["output_ids", "is_final"]])
+def test_spec_decode_answers_with_the_outputs_asked_for(server, asked):
+    """spec_decode sends only the requested outputs (see _response in its model.py); a request
+    that names none gets them all, as Triton promises."""
+
+    async def main():
+        async with TritonClient(server.grpc_url) as client:
+            inputs = client._inputs({"input_ids": [1, 2, 3], "max_tokens": 3}, SPEC_DECODE_INPUTS)
+            return [r async for r in client._stream("spec_decode", inputs, asked)]
+
+    results = asyncio.run(main())
+    assert results
+    for result in results:
+        assert {o.name for o in result.get_response().outputs} == set(asked or SPEC_DECODE_OUTPUTS)
 
 
 def test_the_server_still_serves_after_bad_input(server):
