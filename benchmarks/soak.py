@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from specdec.client.client import GenerationParams, TritonClient
+from specdec.client.client import GenerationParams, TritonClient, within
 from specdec.client.server_stats import find_listening_pid, memory_snapshot, scrape, total
 from specdec.config import load_profile
 from specdec.progress import console, progress_bar
@@ -84,10 +84,7 @@ async def soak(
                     request = client.generate_ids(prompt_ids[prompt], params, cancel_after=cancel_after)
                 else:
                     request = client.generate(prompt, params, cancel_after=cancel_after)
-                try:
-                    error = (await asyncio.wait_for(request, REQUEST_DEADLINE_S)).error
-                except TimeoutError:
-                    error = f"no answer in {REQUEST_DEADLINE_S} s"
+                error = (await within(request, REQUEST_DEADLINE_S)).error
             ok = (error is not None) if kind == "bad" else (error is None)
             key = f"{kind} ({route}): {'as expected' if ok else 'UNEXPECTED'}"
             outcomes[key] = outcomes.get(key, 0) + 1

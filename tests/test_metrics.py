@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from specdec.client.client import Record
+from specdec.client.client import Record, within
 from specdec.client.loadgen import (
     BASELINE,
     Arm,
@@ -46,6 +46,16 @@ def record(start: float, chunks: list[tuple[float, int, int, int, int]], end: fl
 # Sent at 10.0; chunks: 1 token at 10.5 (prefill, no draft), then rounds drafting 3 (2 accepted:
 # 3 tokens), 3 (0 accepted: 1 token), 2 (2 accepted: 3 tokens); the stream ends at 12.0.
 SPEC = record(10.0, [(10.5, 1, 0, 0, 0), (10.8, 3, 3, 2, 1), (11.0, 1, 3, 0, 1), (11.9, 3, 2, 2, 1)], 12.0)
+
+
+def test_a_request_past_its_deadline_becomes_a_failed_record():
+    async def request(seconds):
+        await asyncio.sleep(seconds)
+        return Record(start=0.0, end=seconds)
+
+    late = asyncio.run(within(request(10.0), 0.05))
+    assert late.error == "timeout after 0.05 s" and late.end - late.start < 5
+    assert asyncio.run(within(request(0.0), 5)).error is None
 
 
 def test_request_metrics_known_answer():

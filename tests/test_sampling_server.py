@@ -27,7 +27,7 @@ import pytest
 from conftest import variant_server
 from scipy.stats import chi2_contingency
 
-from specdec.client.client import GenerationParams, TritonClient
+from specdec.client.client import GenerationParams, TritonClient, within
 
 pytestmark = pytest.mark.server
 
@@ -56,7 +56,7 @@ def _records_for_seeds(server, prompt_ids, seeds, **params):
                 async with gate:
                     # a request the server never ends (its spec_decode stub died) fails the test
                     # after REQUEST_DEADLINE_S, not at pytest's timeout
-                    return await asyncio.wait_for(
+                    return await within(
                         client.generate_ids(prompt_ids, GenerationParams(seed=seed, **params)), REQUEST_DEADLINE_S
                     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
@@ -87,6 +87,16 @@ class Record:
         self.totals.append(
             (self.num_output_tokens, self.total_draft_tokens, self.total_accepted_draft_tokens, self.total_draft_rounds)
         )
+
+
+async def within(request: Awaitable[Record], seconds: float) -> Record:
+    """The request's record, or a failed one if it has not ended after `seconds`: a request the
+    server never ends (its Python stub died, say) must not hang the caller."""
+    start = time.perf_counter()
+    try:
+        return await asyncio.wait_for(request, seconds)
+    except TimeoutError:
+        return Record(start=start, end=time.perf_counter(), error=f"timeout after {seconds:g} s")
 
 
 def _array(name: str, value, dtypes: dict) -> np.ndarray:

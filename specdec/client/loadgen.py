@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from specdec.client.client import GenerationParams, Record, TritonClient, http_generate
+from specdec.client.client import GenerationParams, Record, TritonClient, http_generate, within
 from specdec.client.metrics import SLO, ArmSummary, busy_seconds, summarize
 from specdec.client.server_stats import (
     MemorySampler,
@@ -295,13 +295,7 @@ class LoadGenerator:
         return BenchResult(cfg, self.prompts, levels, server, self.started)
 
     async def _timed(self, send: Send, prompt: Prompt, params: GenerationParams) -> Record:
-        start = time.perf_counter()
-        try:
-            return await asyncio.wait_for(send(prompt, params), self.config.request_timeout)
-        except TimeoutError:
-            return Record(
-                start=start, end=time.perf_counter(), error=f"timeout after {self.config.request_timeout:g} s"
-            )
+        return await within(send(prompt, params), self.config.request_timeout)
 
     def _seed(self, prompt: int) -> int | None:
         """Sampling: the same prompt gets the same seed in every arm; greedy needs none."""
