@@ -64,6 +64,25 @@ def test_spans_cut_long_dot_products_evenly():
     assert np.array_equal(kernels.in_spans(a, 3)[1], a[:, 4:8])
 
 
+def test_exp_is_within_a_few_ulp_of_exp_and_stays_finite():
+    x = np.concatenate([np.linspace(-100, 100, 20001, dtype=np.float32), np.float32([0, -87, 88, -1e30, 1e30])])
+    got = np.array([kernels._exp(v) for v in x], dtype=np.float32)
+    normal = (x >= -87) & (x <= 88)
+    want = np.exp(x[normal].astype(np.float64))
+    assert np.max(np.abs(got[normal] - want) / want) < 5e-7
+    assert kernels._exp(np.float32(0)) == 1.0
+    assert np.all(np.isfinite(got)) and np.all(got > 0)  # held to the normal range outside it
+    assert np.all(got[x < -87] <= np.exp(np.float32(-86.9))) and np.all(got[x > 88] >= np.exp(np.float32(87.9)))
+
+
+def test_swiglu_is_silu_of_the_gate_times_up(data):
+    gate_up = data["x"][:7, :96] * 4  # gates well into both tails of the sigmoid
+    out = np.empty((7, 48), np.float32)
+    kernels.swiglu(gate_up, out)
+    ref = torch.nn.functional.silu(torch.from_numpy(gate_up[:, :48])) * torch.from_numpy(gate_up[:, 48:])
+    np.testing.assert_allclose(out, ref.numpy(), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("rows", [1, 4, 33])
 def test_rmsnorm_rows_independent_and_correct(data, rows):
     weight = np.linspace(0.5, 1.5, 96, dtype=np.float32)
