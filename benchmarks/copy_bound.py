@@ -82,7 +82,8 @@ def replay(sample: Sample, propose: Propose, k: int) -> list[int]:
     tokens, i, drafts = list(sample.prompt), 0, []
     out = sample.output
     while i < len(out):
-        budget = min(k, len(out) - i - 1)  # a round never goes past the output's end
+        # the prefill round carries no draft (as in spec_decode); a round never goes past the output's end
+        budget = min(k, len(out) - i - 1) if i else 0
         draft = propose(np.asarray(tokens), out[i:], budget) if budget > 0 else out[:0]
         n = accepted_length(draft, out[i:])
         drafts.append(len(draft))

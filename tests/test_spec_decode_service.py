@@ -104,18 +104,24 @@ def test_many_requests_in_flight_share_forward_passes_and_stay_exact(service):
     assert engines["target"].max_batch_seen > 1 and engines["draft"].max_batch_seen > 1
 
 
+def record_engine_calls(svc, note) -> None:
+    """Show note(model, inputs) every engine call of the service but the stop calls, then make it."""
+    inner = svc.target.call
+
+    async def recording(model, inputs, outputs, request_id):
+        if "stop" not in inputs:
+            note(model, inputs)
+        return await inner(model, inputs, outputs, request_id)
+
+    svc.target.call = svc.draft.call = recording
+
+
 def test_every_call_of_an_engine_carries_the_same_inputs(tiny_target, tiny_draft):
     """Triton's dynamic batcher batches calls of a model with optional inputs only when they carry
     the same ones: a drafted call and an undrafted one must not differ in their input names."""
     svc, _ = make_service(tiny_target, tiny_draft)
-    inner, names = svc.target.call, {"target": set(), "draft": set()}
-
-    async def recording(model, inputs, outputs, request_id):
-        if "stop" not in inputs:
-            names[model].add(tuple(sorted(inputs)))
-        return await inner(model, inputs, outputs, request_id)
-
-    svc.target.call = svc.draft.call = recording
+    names = {"target": set(), "draft": set()}
+    record_engine_calls(svc, lambda model, inputs: names[model].add(tuple(sorted(inputs))))
     sampled = SamplingParams(temperature=0.8, seed=3)
     reqs = [request(p, k=k, proposer=proposer) for p in PROMPTS[:2] for k, proposer in ((4, "ngram"), (0, "none"))]
     reqs += [request(PROMPTS[0], proposer="draft_model"), request(PROMPTS[1], proposer="draft_model", sampling=sampled)]
@@ -128,14 +134,8 @@ def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft
     """The prompt's tail repeats inside it, so lookup would match there; yet the prefill round
     carries no draft (what follows a prompt is not in it) and later rounds do."""
     svc, _ = make_service(tiny_target, tiny_draft)
-    inner, drafts = svc.target.call, []
-
-    async def recording(model, inputs, outputs, request_id):
-        if "stop" not in inputs:
-            drafts.append(inputs["draft_input_ids"].shape[1])
-        return await inner(model, inputs, outputs, request_id)
-
-    svc.target.call = recording
+    drafts = []
+    record_engine_calls(svc, lambda model, inputs: drafts.append(inputs["draft_input_ids"].shape[1]))
     prompt = [5, 6, 7, 8, 5, 6, 7]
     assert svc.ngram.propose(np.array(prompt), 3).tolist() == [8, 5, 6]
     (tokens,) = run_all(svc, [request(prompt, max_tokens=24, k=3, proposer="ngram")])
