@@ -71,6 +71,7 @@ def test_exp_is_within_a_few_ulp_of_exp_and_stays_finite():
     want = np.exp(x[normal].astype(np.float64))
     assert np.max(np.abs(got[normal] - want) / want) < 5e-7
     assert kernels._exp(np.float32(0)) == 1.0
+    assert np.isnan(kernels._exp(np.float32("nan")))  # a NaN shows, as with np.exp
     assert np.all(np.isfinite(got)) and np.all(got > 0)  # held to the normal range outside it
     assert np.all(got[x < -87] <= np.exp(np.float32(-86.9))) and np.all(got[x > 88] >= np.exp(np.float32(87.9)))
 
