@@ -2,12 +2,12 @@
 
     .venv/bin/python benchmarks/kernels_ab.py --base REV [--pairs 20]
 
-Loads the embedded target once and runs each case with both versions of specdec/engine/kernels.py
-(the base revision's from git), in alternating order, so that both see the same states of a
-shared machine: rows of one sequence after a 250-token prompt (a step, verifications of k = 4, 8
-and 16 drafts), a batch of 16 sequences of one row each, and a 250-token prefill. Prints the
-median of each and the median of the paired ratios (this tree / base), then how far the logits
-of a 250-token prompt move between the two and whether every greedy choice stays the same.
+Loads the embedded target twice, over each version of specdec/engine/kernels.py (the base
+revision's from git), and runs each case with both on one KV cache, taking turns, so that both see
+the same states of a shared machine: rows of one sequence after a 250-token prompt (a step, and
+verifications of 4, 8 and 16 drafts), 16 sequences of one row each, and a 250-token prefill.
+Prints the median of each and the median of the paired ratios (this tree / base), then how far
+the logits of a 250-token prompt move between the two and whether every greedy choice stays.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 
 from specdec.build import build
 from specdec.config import load_profile
-from specdec.engine import kernels, ops
 from specdec.engine.model import Llama
+from specdec.engine.ops import CpuOps
 from specdec.progress import console, progress_bar
 
 PROMPT = 250
@@ -45,17 +45,11 @@ def base_kernels(rev: str, folder: Path) -> ModuleType:
     return module
 
 
-def use(model: Llama, module: ModuleType) -> None:
-    """Point the model's CPU ops at a kernels module, choosing its matmul as CpuOps does."""
-    ops.kernels = module
-    model.ops._matmul = module.matmul if module.rows_agree() else module.matmul_rowwise
-
-
 def cases(prompt: torch.Tensor) -> dict[str, tuple[torch.Tensor, ...]]:
     """name -> (tokens, positions, slots): the prompt is cached in slots 0..15."""
     one = torch.zeros(17, dtype=torch.int64)
     after = torch.arange(PROMPT, PROMPT + 17)
-    out = {f"{n} rows of one sequence": (prompt[:n], after[:n], one[:n]) for n in (1, 5, 9, 17)}
+    out = {f"{n} row{'s' * (n > 1)} of one sequence": (prompt[:n], after[:n], one[:n]) for n in (1, 5, 9, 17)}
     out["16 sequences, 1 row each"] = (prompt[:16], torch.full((16,), PROMPT), torch.arange(16))
     out[f"prefill of {PROMPT} tokens"] = (prompt, torch.arange(PROMPT), torch.full((PROMPT,), 16))
     return out
@@ -68,38 +62,35 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     profile = load_profile()
     build(profile)
-    model = Llama(profile.model_dir("target"))
-    cache = model.new_cache(17, 1024)
-    prompt = torch.randint(0, model.cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0))
-
-    def forward(tokens, positions, slots, logit_rows=None):
-        rows = torch.tensor([len(tokens) - 1]) if logit_rows is None else logit_rows
-        return model.forward(cache, tokens, positions, slots, rows)
-
     with tempfile.TemporaryDirectory() as folder:
-        versions = {"base": base_kernels(args.base, Path(folder)), "this tree": kernels}
+        base = base_kernels(args.base, Path(folder))
+        models = {
+            "base": Llama(profile.model_dir("target"), ops=CpuOps(base)),
+            "this tree": Llama(profile.model_dir("target")),
+        }
+        cache = models["base"].new_cache(17, 1024)
+        prompt = torch.randint(0, models["base"].cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0))
+
+        def forward(name, tokens, positions, slots, logit_rows=None):
+            rows = torch.tensor([len(tokens) - 1]) if logit_rows is None else logit_rows
+            return models[name].forward(cache, tokens, positions, slots, rows)
+
         for slot in range(16):
-            forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), slot))
+            forward("this tree", prompt, torch.arange(PROMPT), torch.full((PROMPT,), slot))
         runs = cases(prompt)
-        seconds = {case: {name: [] for name in versions} for case in runs}
+        seconds = {case: {name: [] for name in models} for case in runs}
         with progress_bar() as bar:
             task = bar.add_task("forward pairs", total=args.pairs + 1)
             for i in range(args.pairs + 1):  # the first round compiles or loads, untimed
                 for case, inputs in runs.items():
-                    for name in sorted(versions, reverse=i % 2 == 1):
-                        use(model, versions[name])
+                    for name in sorted(models, reverse=i % 2 == 1):
                         start = time.perf_counter()
-                        forward(*inputs)
+                        forward(name, *inputs)
                         if i:
                             seconds[case][name].append(time.perf_counter() - start)
                 bar.advance(task)
-
-        logits = {}
-        for name, module in versions.items():
-            use(model, module)
-            every = torch.arange(PROMPT)
-            logits[name] = forward(prompt, every, torch.full((PROMPT,), 16), every)
-    use(model, kernels)
+        every = torch.arange(PROMPT)
+        logits = {name: forward(name, prompt, every, torch.full((PROMPT,), 16), every) for name in models}
 
     lines = [
         f"kernels.py of this tree against {args.base}, {args.pairs} pairs each, forward ms (median):",

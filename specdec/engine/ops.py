@@ -9,6 +9,8 @@ weight() made of the (N, K) matrix: the CPU kernel's spans of K, the matrix itse
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 
@@ -16,30 +18,33 @@ from specdec.engine import kernels
 
 
 class CpuOps:
-    def __init__(self) -> None:
+    def __init__(self, kernels_module: ModuleType = kernels) -> None:
+        """kernels_module: where the kernels come from (benchmarks/kernels_ab.py passes another
+        revision's)."""
+        self.kernels = kernels_module
         # one matmul for every row count, so a row's bits never depend on its batch
-        self._matmul = kernels.matmul if kernels.rows_agree() else kernels.matmul_rowwise
+        self._matmul = kernels_module.matmul if kernels_module.rows_agree() else kernels_module.matmul_rowwise
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)
-        kernels.rmsnorm(x.numpy(), weight.numpy(), eps, out.numpy())
+        self.kernels.rmsnorm(x.numpy(), weight.numpy(), eps, out.numpy())
         return out
 
     def weight(self, w: torch.Tensor) -> torch.Tensor:
         """(N, K) -> the (S, N, K / S) spans that linear() takes (kernels.in_spans)."""
-        return torch.from_numpy(kernels.in_spans(w.numpy(), kernels.span_count(w.shape[1])))
+        return torch.from_numpy(self.kernels.in_spans(w.numpy(), self.kernels.span_count(w.shape[1])))
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype)
-        self._matmul(kernels.in_spans(x.numpy(), w.shape[0]), w.numpy(), out.numpy(), False)
+        self._matmul(self.kernels.in_spans(x.numpy(), w.shape[0]), w.numpy(), out.numpy(), False)
         return out
 
     def linear_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> None:
-        self._matmul(kernels.in_spans(x.numpy(), w.shape[0]), w.numpy(), residual.numpy(), True)
+        self._matmul(self.kernels.in_spans(x.numpy(), w.shape[0]), w.numpy(), residual.numpy(), True)
 
     def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
         q = torch.empty(qkv.shape[0], n_heads, head_dim, dtype=qkv.dtype)
-        kernels.rope_store(
+        self.kernels.rope_store(
             qkv.numpy(), cos.numpy(), sin.numpy(), positions.numpy(), slots.numpy(),
             n_heads, n_kv, q.numpy(), k_cache.numpy(), v_cache.numpy(),
         )  # fmt: skip
@@ -47,12 +52,14 @@ class CpuOps:
 
     def attention(self, q, k_cache, v_cache, slots, positions) -> torch.Tensor:
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
-        kernels.attention(q.numpy(), k_cache.numpy(), v_cache.numpy(), slots.numpy(), positions.numpy(), out.numpy())
+        self.kernels.attention(
+            q.numpy(), k_cache.numpy(), v_cache.numpy(), slots.numpy(), positions.numpy(), out.numpy()
+        )
         return out
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
-        kernels.swiglu(gate_up.numpy(), out.numpy())
+        self.kernels.swiglu(gate_up.numpy(), out.numpy())
         return out
 
 
