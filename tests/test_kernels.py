@@ -19,7 +19,7 @@ def data():
     g = np.random.default_rng(0)
     return {
         "x": g.standard_normal((80, 96), dtype=np.float32),
-        "w": g.standard_normal((200, 96), dtype=np.float32),
+        "w": g.standard_normal((192, 96), dtype=np.float32),
     }
 
 
@@ -27,22 +27,15 @@ def _rows_alone(fn, x: np.ndarray) -> np.ndarray:
     return np.concatenate([fn(x[i : i + 1]) for i in range(len(x))])
 
 
-# The kernel CpuOps selects on this CPU (the four-row one where its rows agree with the one-row
-# loop, see kernels.rows_agree), and the one-row fallback.
-SELECTED = CpuOps()._matmul
-
-
-def _product(kernel, x: np.ndarray, w: np.ndarray, spans: int, out: np.ndarray, accumulate: bool) -> np.ndarray:
-    kernel(kernels.in_spans(x, spans), kernels.in_spans(w, spans), out, accumulate)
+def _product(x: np.ndarray, w: np.ndarray, out: np.ndarray, accumulate: bool) -> np.ndarray:
+    kernels.matmul(np.ascontiguousarray(x), kernels.pack_weight(w), out, accumulate)
     return out
 
 
-@pytest.mark.parametrize("spans", [1, 3])
-@pytest.mark.parametrize("kernel", [SELECTED, kernels.matmul_rowwise], ids=["selected", "rowwise"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 80])
-def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows, kernel, spans):
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 80])
+def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows):
     def linear(x):
-        return _product(kernel, x, data["w"], spans, np.empty((len(x), len(data["w"])), np.float32), False)
+        return _product(x, data["w"], np.empty((len(x), len(data["w"])), np.float32), False)
 
     x = data["x"][:rows]
     together = linear(x)
@@ -50,18 +43,29 @@ def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows, kernel, sp
     np.testing.assert_allclose(together, x @ data["w"].T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("spans", [1, 3])
-def test_accumulate_adds_the_product(data, spans):
+def test_linear_sums_each_dot_product_in_order_with_fused_multiply_adds(data):
+    x, w = data["x"][:5], data["w"][:64]
+    expected = np.zeros((5, 64), np.float32)
+    for k in range(x.shape[1]):  # float64 holds a float32 product exactly; one rounding per step, as fma
+        expected = (
+            expected.astype(np.float64) + x[:, k : k + 1].astype(np.float64) * w[:, k].astype(np.float64)
+        ).astype(np.float32)
+    assert np.array_equal(_product(x, w, np.empty((5, 64), np.float32), False), expected)
+
+
+def test_accumulate_adds_the_product(data):
     x, w = data["x"][:6], data["w"]
-    res = _product(SELECTED, x, w, spans, np.ones((6, len(w)), np.float32), True)
+    res = _product(x, w, np.ones((6, len(w)), np.float32), True)
     np.testing.assert_allclose(res, 1 + x @ w.T, rtol=1e-4, atol=1e-4)
 
 
-def test_spans_cut_long_dot_products_evenly():
-    assert [kernels.span_count(k) for k in (96, 576, 768, 1536, 2048, 8192, 769)] == [1, 1, 1, 2, 4, 16, 1]
-    a = np.arange(24, dtype=np.float32).reshape(2, 12)
-    assert np.shares_memory(kernels.in_spans(a, 1), a)  # one span: a view, no copy
-    assert np.array_equal(kernels.in_spans(a, 3)[1], a[:, 4:8])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_last_partial_tile_computes_the_same_as_a_whole_one(data, accumulate):
+    x, w = data["x"][:11], data["w"]  # 192 rows: 6 whole tiles; 70 rows: two whole and one of 6
+    whole = _product(x, w, np.ones((11, 192), np.float32), accumulate)
+    partial = _product(x, w[:70], np.ones((11, 70), np.float32), accumulate)
+    assert np.array_equal(partial, whole[:, :70])
+    assert kernels.pack_weight(w[:70]).shape == (3, w.shape[1], kernels.TILE)
 
 
 def test_exp_is_within_a_few_ulp_of_exp_and_stays_finite():

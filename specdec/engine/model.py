@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specdec.engine.ops import CpuOps, TorchOps
+from specdec.engine.ops import CpuOps, TorchOps, Weight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -83,11 +83,11 @@ class Layer:
     """Projection weights are (out, in) matrices in the layout of ops.weight()."""
 
     attn_norm: torch.Tensor  # (D,)
-    wqkv: torch.Tensor  # ((H + 2G) * Dh, D)  q, k, v rows fused: one pass over memory
-    wo: torch.Tensor  # (D, H * Dh)
+    wqkv: Weight  # ((H + 2G) * Dh, D)  q, k, v rows fused: one pass over memory
+    wo: Weight  # (D, H * Dh)
     mlp_norm: torch.Tensor  # (D,)
-    w_gate_up: torch.Tensor  # (2F, D)  gate and up fused
-    w_down: torch.Tensor  # (D, F)
+    w_gate_up: Weight  # (2F, D)  gate and up fused
+    w_down: Weight  # (D, F)
 
 
 class Llama:
@@ -132,13 +132,13 @@ class Llama:
             )
         self.norm = take("model.norm.weight")
         tied = self.cfg.tie_word_embeddings
-        self.lm_head = linear(self.embed if tied else take("lm_head.weight"))  # tied: a view of embed
+        self.lm_head = linear(self.embed if tied else take("lm_head.weight"))
 
     def weight_bytes(self) -> int:
         tensors = [self.embed, self.norm, *(t for layer in self.layers for t in vars(layer).values())]
         if not self.cfg.tie_word_embeddings:
             tensors.append(self.lm_head)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.nbytes for t in tensors)
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         return KVCache(self.cfg, slots, max_len, self.device, self.dtype)

@@ -4,12 +4,12 @@ CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 on
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 Both write new keys/values into the cache before attention reads it, so rows of the same
 sequence in one call attend to each other causally. linear() takes its weight in the layout
-weight() made of the (N, K) matrix: the CPU kernel's spans of K, the matrix itself for torch.
+weight() made of the (N, K) matrix: the CPU kernel's tiles, the matrix itself for torch.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -17,34 +17,39 @@ import torch.nn.functional as F
 from specdec.engine import kernels
 
 
-class CpuOps:
-    def __init__(self, kernels_module: ModuleType = kernels) -> None:
-        """kernels_module: where the kernels come from (benchmarks/kernels_ab.py passes another
-        revision's)."""
-        self.kernels = kernels_module
-        # one matmul for every row count, so a row's bits never depend on its batch
-        self._matmul = kernels_module.matmul if kernels_module.rows_agree() else kernels_module.matmul_rowwise
+class PackedWeight(NamedTuple):
+    tiles: torch.Tensor  # (ceil(N / TILE), K, TILE), kernels.pack_weight
+    rows: int  # N
 
+    @property
+    def nbytes(self) -> int:  # as torch.Tensor.nbytes
+        return self.tiles.nbytes
+
+
+Weight = torch.Tensor | PackedWeight  # what ops.weight() makes of an (N, K) matrix
+
+
+class CpuOps:
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)
-        self.kernels.rmsnorm(x.numpy(), weight.numpy(), eps, out.numpy())
+        kernels.rmsnorm(x.numpy(), weight.numpy(), eps, out.numpy())
         return out
 
-    def weight(self, w: torch.Tensor) -> torch.Tensor:
-        """(N, K) -> the (S, N, K / S) spans that linear() takes (kernels.in_spans)."""
-        return torch.from_numpy(self.kernels.in_spans(w.numpy(), self.kernels.span_count(w.shape[1])))
+    def weight(self, w: torch.Tensor) -> PackedWeight:
+        """(N, K) -> the tiles linear() takes (kernels.pack_weight)."""
+        return PackedWeight(torch.from_numpy(kernels.pack_weight(w.numpy())), w.shape[0])
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype)
-        self._matmul(self.kernels.in_spans(x.numpy(), w.shape[0]), w.numpy(), out.numpy(), False)
+    def linear(self, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+        out = torch.empty(x.shape[0], w.rows, dtype=x.dtype)
+        kernels.matmul(x.numpy(), w.tiles.numpy(), out.numpy(), False)
         return out
 
-    def linear_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> None:
-        self._matmul(self.kernels.in_spans(x.numpy(), w.shape[0]), w.numpy(), residual.numpy(), True)
+    def linear_residual(self, x: torch.Tensor, w: PackedWeight, residual: torch.Tensor) -> None:
+        kernels.matmul(x.numpy(), w.tiles.numpy(), residual.numpy(), True)
 
     def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
         q = torch.empty(qkv.shape[0], n_heads, head_dim, dtype=qkv.dtype)
-        self.kernels.rope_store(
+        kernels.rope_store(
             qkv.numpy(), cos.numpy(), sin.numpy(), positions.numpy(), slots.numpy(),
             n_heads, n_kv, q.numpy(), k_cache.numpy(), v_cache.numpy(),
         )  # fmt: skip
@@ -52,14 +57,12 @@ class CpuOps:
 
     def attention(self, q, k_cache, v_cache, slots, positions) -> torch.Tensor:
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
-        self.kernels.attention(
-            q.numpy(), k_cache.numpy(), v_cache.numpy(), slots.numpy(), positions.numpy(), out.numpy()
-        )
+        kernels.attention(q.numpy(), k_cache.numpy(), v_cache.numpy(), slots.numpy(), positions.numpy(), out.numpy())
         return out
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
-        self.kernels.swiglu(gate_up.numpy(), out.numpy())
+        kernels.swiglu(gate_up.numpy(), out.numpy())
         return out
 
 

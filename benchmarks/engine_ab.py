@@ -1,0 +1,161 @@
+"""The engine's forwards at another git revision against this tree's, taking turns.
+
+    .venv/bin/python benchmarks/engine_ab.py --base REV [--pairs 20]
+
+Checks REV out into a temporary git worktree and runs two worker processes, one importing the
+engine from there, one from this tree, each with the embedded target over its own KV cache. They
+take turns on each case, so that both see the same states of a shared machine: rows of one
+sequence after a 250-token prompt (a step, and verifications of 4, 8 and 16 drafts), 16
+sequences of one row each, and a 250-token prefill. Prints the median of each and the median of
+the paired ratios (this tree / base), then how far the logits of a 250-token prompt move between
+the two and whether every greedy choice stays. Any revision whose Llama has this tree's
+forward(cache, tokens, positions, slots, logit_rows) can be the base, whatever its kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specdec.build import build
+from specdec.config import load_profile
+from specdec.progress import console, progress_bar
+
+PROMPT = 250
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cases(prompt):
+    """name -> (tokens, positions, slots): the prompt is cached in slots 0..15."""
+    import torch
+
+    one = torch.zeros(17, dtype=torch.int64)
+    after = torch.arange(PROMPT, PROMPT + 17)
+    out = {f"{n} row{'s' * (n > 1)} of one sequence": (prompt[:n], after[:n], one[:n]) for n in (1, 5, 9, 17)}
+    out["16 sequences, 1 row each"] = (prompt[:16], torch.full((16,), PROMPT), torch.arange(16))
+    out[f"prefill of {PROMPT} tokens"] = (prompt, torch.arange(PROMPT), torch.full((PROMPT,), 16))
+    return out
+
+
+def worker(model_dir: str) -> None:
+    """Answers each line of stdin: a case name -> its forward's seconds; "logits" -> the logits
+    of every position of the prompt (.npy bytes, hex)."""
+    import torch
+
+    from specdec.engine.model import Llama
+
+    model = Llama(Path(model_dir))
+    cache = model.new_cache(17, 1024)
+    prompt = torch.randint(0, model.cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0))
+
+    def forward(tokens, positions, slots, logit_rows=None):
+        rows = torch.tensor([len(tokens) - 1]) if logit_rows is None else logit_rows
+        return model.forward(cache, tokens, positions, slots, rows)
+
+    for slot in range(16):
+        forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), slot))
+    runs = cases(prompt)
+    for inputs in runs.values():  # compile, or load from numba's cache
+        forward(*inputs)
+    print(json.dumps(list(runs)), flush=True)
+    for line in sys.stdin:
+        name = line.strip()
+        if name == "logits":
+            every = torch.arange(PROMPT)
+            buffer = io.BytesIO()
+            np.save(buffer, forward(prompt, every, torch.full((PROMPT,), 16), every).numpy())
+            print(buffer.getvalue().hex(), flush=True)
+        else:
+            start = time.perf_counter()
+            forward(*runs[name])
+            print(time.perf_counter() - start, flush=True)
+
+
+class Worker:
+    def __init__(self, source: Path, model_dir: Path):
+        # libgomp's threads spin a while after each parallel region: in the waiting process they
+        # would spin into the other one's forward
+        env = {"GOMP_SPINCOUNT": "10000", **os.environ, "PYTHONPATH": str(source)}
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(model_dir)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=source,
+        )  # fmt: skip
+        self.cases = json.loads(self.process.stdout.readline())
+
+    def ask(self, line: str) -> str:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", help="git revision whose engine to compare with")
+    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return 0
+    if not args.base:
+        ap.error("--base is required")
+    profile = load_profile()
+    build(profile)
+    with tempfile.TemporaryDirectory() as folder:
+        tree = Path(folder) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.base], cwd=REPO, check=True,
+                       capture_output=True)  # fmt: skip
+        try:
+            workers = {
+                "base": Worker(tree, profile.model_dir("target")),
+                "this tree": Worker(REPO, profile.model_dir("target")),
+            }
+            seconds = {case: {name: [] for name in workers} for case in workers["base"].cases}
+            with progress_bar() as bar:
+                task = bar.add_task("forward pairs", total=args.pairs)
+                for i in range(args.pairs):
+                    for case in seconds:
+                        for name in sorted(workers, reverse=i % 2 == 1):
+                            seconds[case][name].append(float(workers[name].ask(case)))
+                    bar.advance(task)
+            logits = {name: np.load(io.BytesIO(bytes.fromhex(w.ask("logits")))) for name, w in workers.items()}
+            for w in workers.values():
+                w.close()
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+
+    lines = [
+        f"The engine of this tree against {args.base}'s, {args.pairs} pairs each, forward ms (median):",
+        "",
+        "| forward | base | this tree | this tree / base, median of pairs |",
+        "|---|---|---|---|",
+    ]
+    for case, by in seconds.items():
+        ratio = statistics.median(a / b for a, b in zip(by["this tree"], by["base"], strict=True))
+        lines.append(
+            f"| {case} | {statistics.median(by['base']) * 1e3:.1f} | "
+            f"{statistics.median(by['this tree']) * 1e3:.1f} | {ratio:.3f} |"
+        )
+    diff = float(np.abs(logits["this tree"] - logits["base"]).max())
+    same = bool((logits["this tree"].argmax(-1) == logits["base"].argmax(-1)).all())
+    lines += ["", f"Logits of a {PROMPT}-token prompt: largest difference {diff:.2e}; every argmax the same: {same}."]
+    console.print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
