@@ -46,7 +46,9 @@ def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows):
 def test_linear_sums_each_dot_product_in_order_with_fused_multiply_adds(data):
     x, w = data["x"][:5], data["w"][:64]
     expected = np.zeros((5, 64), np.float32)
-    for k in range(x.shape[1]):  # float64 holds a float32 product exactly; one rounding per step, as fma
+    # float64 holds each float32 product exactly; its sum, rounded to float32, is what fma gives
+    # (barring a double-rounding tie, which this data does not hit)
+    for k in range(x.shape[1]):
         expected = (
             expected.astype(np.float64) + x[:, k : k + 1].astype(np.float64) * w[:, k].astype(np.float64)
         ).astype(np.float32)

@@ -113,10 +113,12 @@ class Llama:
             sd.update(load_file(str(f)))
 
         def take(name: str) -> torch.Tensor:
-            return sd.pop(name).to(self.device, self.dtype).contiguous()
+            # a copy: the loaded tensors share the file's one buffer, which any tensor kept as
+            # loaded (a norm) would keep whole beside the packed copies of the projections
+            return sd.pop(name).to(self.device, self.dtype).contiguous().clone()
 
         linear = self.ops.weight
-        self.embed = take("model.embed_tokens.weight")
+        embed = take("model.embed_tokens.weight")
         self.layers = []
         for i in range(self.cfg.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -132,7 +134,8 @@ class Llama:
             )
         self.norm = take("model.norm.weight")
         tied = self.cfg.tie_word_embeddings
-        self.lm_head = linear(self.embed if tied else take("lm_head.weight"))
+        self.lm_head = linear(embed if tied else take("lm_head.weight"))
+        self.embed = self.lm_head if tied else embed  # tied: one copy, in the lm_head's layout
 
     def weight_bytes(self) -> int:
         tensors = [self.embed, self.norm, *(t for layer in self.layers for t in vars(layer).values())]
@@ -153,7 +156,7 @@ class Llama:
         logit_rows: torch.Tensor,  # (R,) int64, rows whose next-token logits are wanted
     ) -> torch.Tensor:  # (R, V) float32
         cfg, ops = self.cfg, self.ops
-        x = self.embed[tokens]
+        x = ops.embedding(self.embed, tokens)
         for i, layer in enumerate(self.layers):
             h = ops.rmsnorm(x, layer.attn_norm, cfg.rms_norm_eps)
             qkv = ops.linear(h, layer.wqkv)

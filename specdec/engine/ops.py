@@ -1,4 +1,4 @@
-"""The five operations the Llama forward needs, for two backends.
+"""The operations the Llama forward needs, for two backends.
 
 CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 only.
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
@@ -30,6 +30,12 @@ Weight = torch.Tensor | PackedWeight  # what ops.weight() makes of an (N, K) mat
 
 
 class CpuOps:
+    def embedding(self, table: Weight, tokens: torch.Tensor) -> torch.Tensor:
+        """Rows of an embedding table, plain or packed by weight() (a tied lm_head)."""
+        if isinstance(table, PackedWeight):
+            return table.tiles[tokens // kernels.TILE, :, tokens % kernels.TILE].contiguous()
+        return table[tokens]
+
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)
         kernels.rmsnorm(x.numpy(), weight.numpy(), eps, out.numpy())
@@ -67,6 +73,9 @@ class CpuOps:
 
 
 class TorchOps:
+    def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return table[tokens]
+
     def weight(self, w: torch.Tensor) -> torch.Tensor:
         return w
 
