@@ -20,13 +20,18 @@ import math
 
 import numpy as np
 from llvmlite import ir
+from llvmlite.binding import get_host_cpu_features
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 _FAST = {"reassoc", "contract"}
-TILE = 32  # output features a matmul tile computes together: two vectors of _LANES
-_LANES = 16  # float32 lanes of an AVX-512 register
+# The matmul block's shape by register file (the results do not depend on it: every output is
+# the same in-order sum): AVX-512 has 32 registers of 16 floats, AVX2 16 of 8.
+_AVX512 = bool(get_host_cpu_features().get("avx512f"))
+_LANES = 16 if _AVX512 else 8  # float32 lanes of a vector register
+TILE = 2 * _LANES  # output features a matmul tile computes together
+_BLOCK = 8 if _AVX512 else 4  # rows a block takes at most: 3 x _BLOCK + 2 registers in use
 _EXP2 = (2.0 ** np.arange(-126, 128)).astype(np.float32)  # 2^n for the n that _exp meets
 
 
@@ -47,9 +52,6 @@ def _exp(x):  # pragma: no cover - compiled
     p = p * r + np.float32(1.0)
     p = p * r + np.float32(1.0)
     return p * _EXP2[min(max(np.int32(n) + 126, 0), 253)]  # the bound also keeps a NaN in the table
-
-
-_BLOCK = 8  # rows a block takes at most: 2 x 8 accumulators, 2 weight and 8 broadcast registers
 
 
 def _emit_block(builder, fma, x_data, w_tile, out_data, m0, k_dim, n_out, col, accumulate, rows: int) -> None:
@@ -142,7 +144,7 @@ def _block(typingctx, x, w, out, m0, rows, t, col, accumulate):
 
 @njit(inline="always")
 def _tile(x, w, out, t, col, accumulate):  # pragma: no cover - compiled
-    """out[:, col : col + TILE] (+)= x @ (tile t of W).T, eight rows at a time."""
+    """out[:, col : col + TILE] (+)= x @ (tile t of W).T, _BLOCK rows at a time."""
     for m in range(0, x.shape[0], _BLOCK):
         _block(x, w, out, m, min(_BLOCK, x.shape[0] - m), t, col, accumulate)
 
@@ -155,11 +157,11 @@ def matmul(x, w, out, accumulate):  # pragma: no cover - compiled
     Every out[m, n] is the sum over k, in order, of x[m, k] * W[n, k], each term fused into the
     running sum (one rounding): the same chain of operations whatever M is and wherever row m
     sits in the batch, so a row's result depends only on its own inputs. Vectorized across the
-    TILE output features of a tile (no horizontal sums), up to eight rows at a time: per k one
+    TILE output features of a tile (no horizontal sums), up to _BLOCK rows at a time: per k one
     load of the tile's weights feeds two vector FMAs per row (~95% of the cores' FMA peak from
-    four rows up), and a forward of up to eight rows (a verification of seven drafts) reads each
-    tile once. Parallel over tiles: each thread streams its tiles from memory once; all blocks
-    of rows sweep a tile while it sits in L2.
+    four rows up on AVX-512), and a forward of up to _BLOCK rows (on AVX-512 eight: a
+    verification of seven drafts) reads each tile once. Parallel over tiles: each thread streams
+    its tiles from memory once; all blocks of rows sweep a tile while it sits in L2.
     """
     n_out = out.shape[1]
     whole = n_out // TILE
