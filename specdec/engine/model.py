@@ -113,9 +113,11 @@ class Llama:
             sd.update(load_file(str(f)))
 
         def take(name: str) -> torch.Tensor:
-            # a copy: the loaded tensors share the file's one buffer, which any tensor kept as
-            # loaded (a norm) would keep whole beside the packed copies of the projections
-            return sd.pop(name).to(self.device, self.dtype).contiguous().clone()
+            loaded = sd.pop(name)
+            t = loaded.to(self.device, self.dtype).contiguous()
+            # the loaded tensors share the file's one buffer, which any tensor kept as loaded (a
+            # norm) would keep whole beside the packed copies: copy what is still in it
+            return t.clone() if t.data_ptr() == loaded.data_ptr() else t
 
         linear = self.ops.weight
         embed = take("model.embed_tokens.weight")
