@@ -5,6 +5,7 @@ import collections
 import json
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import triton_python_backend_utils as pb_utils
 
@@ -139,8 +140,17 @@ class TritonPythonModel:
         )
 
         self.live = {}  # sequence id -> cancelled by a relay from postprocessing
+        # async_exec() holds a thread of the event loop's default executor until the engine's
+        # response comes. The default pool has os.cpu_count() + 4 threads (6 on 2 cores): it
+        # capped the calls in flight at 6, and with them the requests one forward could serve.
+        # A thread for each sequence that may run (it makes one engine call at a time).
+        self.engine_calls = ThreadPoolExecutor(self.profile.server.max_inflight, thread_name_prefix="engine_call")
+        self.engine_calls_installed = False
 
     async def execute(self, requests):
+        if not self.engine_calls_installed:  # the stub's event loop exists from here on
+            asyncio.get_running_loop().set_default_executor(self.engine_calls)
+            self.engine_calls_installed = True
         await asyncio.gather(*(self._serve(r) for r in requests))
 
     async def _serve(self, request):
