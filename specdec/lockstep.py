@@ -45,7 +45,7 @@ class Lockstep:
         self.max_idle_wait_s = max_idle_wait_s
         self.forward_s = forward_s
         self.members: set[Member] = set()
-        self.ready: list[tuple[Member, asyncio.Future[None]]] = []
+        self.ready: list[tuple[Member, asyncio.Future, Callable[[], Awaitable]]] = []  # (member, turn, send)
         self.expected_wait_s = 0.0  # learnt from the waits it takes
         self._timer: asyncio.TimerHandle | None = None  # set while ready calls wait, the engine idle
         self._waiting_since = 0.0
@@ -65,22 +65,26 @@ class Lockstep:
             self.members.discard(member)
             self._check()
 
-    async def call(self, member: Member, rows: int, make_call: Callable[[], Awaitable[T]]) -> T:
-        """Run a target call of `rows` rows in step with the other members' calls."""
+    async def call(self, member: Member, rows: int, send: Callable[[], Awaitable[T]]) -> T:
+        """Run a target call of `rows` rows in step with the other members' calls. send(), the
+        call built beforehand, is called when the call is released: the released calls leave
+        together, one after the other in one go of the event loop."""
         member.rows = rows
-        turn = asyncio.get_running_loop().create_future()
+        turn: asyncio.Future[asyncio.Future[T]] = asyncio.get_running_loop().create_future()
         member.state = "ready"
-        self.ready.append((member, turn))
+        self.ready.append((member, turn, send))
         self._check()
         try:
-            await turn  # the member is "engine" from its release on
-        except asyncio.CancelledError:
-            self.ready = [(m, t) for m, t in self.ready if t is not turn]
+            sent = await turn  # the member is "engine" from its release on
+        except BaseException:  # cancelled, or its call could not be sent
+            if turn.done() and not turn.cancelled() and turn.exception() is None:
+                turn.result().cancel()  # sent, but cancelled before it resumed: nobody awaits it
+            self.ready = [entry for entry in self.ready if entry[1] is not turn]
             member.state = "between"
             self._check()
             raise
         try:
-            return await make_call()
+            return await sent
         finally:
             member.state = "between"
             self._check()
@@ -90,7 +94,7 @@ class Lockstep:
         is expected to cost?"""
         if self.max_idle_wait_s <= 0:
             return False
-        ready = sum(m.rows for m, _ in self.ready)
+        ready = sum(m.rows for m, _, _ in self.ready)
         missing = sum(m.rows for m in self.members if m.state != "ready")
         saving = self.forward_s(ready) + self.forward_s(missing) - self.forward_s(ready + missing)
         return saving > self.expected_wait_s
@@ -112,9 +116,12 @@ class Lockstep:
             self.expected_wait_s += WAIT_EMA * (waited - self.expected_wait_s)
             self._cancel_timer()
         released, self.ready = self.ready, []
-        for member, turn in released:
+        for member, turn, send in released:
             member.state = "engine"
-            turn.set_result(None)
+            try:
+                turn.set_result(asyncio.ensure_future(send()))
+            except Exception as err:  # fails this member's call only
+                turn.set_exception(err)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

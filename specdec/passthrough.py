@@ -6,7 +6,7 @@ cache reuse makes the repeated prefix cheap), applies the same end / stop-word /
 the draft-verify loop (loop.Generation), and reports acceptance from the engine's perf-metric
 outputs (return_perf_metrics -> total_draft_tokens, total_accepted_draft_tokens).
 
-Same interface as spec_decode.SpecDecodeService (one injected `call(model, inputs, outputs,
+Same interface as spec_decode.SpecDecodeService (one injected `prepare(model, inputs, outputs,
 request_id)` coroutine, `serve` yields Chunks), so the Triton adapter picks either by profile.
 Sequences are not released afterwards: every call is a finished request for the engine.
 """
@@ -51,11 +51,11 @@ def record_engine_round(stats: loop.AcceptanceStats, num_new: int, drafted: int,
 
 
 class PassthroughService:
-    def __init__(self, profile: Profile, call: EngineCall, metrics: Metrics | None = None,
+    def __init__(self, profile: Profile, prepare: EngineCall, metrics: Metrics | None = None,
                  target_model: str = "target", draft_model: str | None = None,
                  warn: Callable[[str], None] = log.warning):  # fmt: skip
         assert profile.trtllm is not None and draft_model in (None, "")
-        self.call, self.target_model = call, target_model
+        self.prepare, self.target_model = prepare, target_model
         self.chunk = profile.trtllm.passthrough_chunk
         self.label = profile.trtllm.mode  # the proposer, for metrics
         self.metrics = metrics or NoMetrics()
@@ -80,13 +80,18 @@ class PassthroughService:
         gen = loop.Generation(req.spec)
         perf: dict[str, int] = {}
 
-        async def call_with_metrics(model, inputs, outputs, request_id):
+        def prepare_with_metrics(model, inputs, outputs, request_id):
             inputs = {**inputs, "return_perf_metrics": np.array([[True]], dtype=np.bool_)}
-            result = await self.call(model, inputs, [*outputs, *PERF_OUTPUTS], request_id)
-            perf.update({name: int(np.asarray(result[name]).reshape(-1)[0]) for name in PERF_OUTPUTS})
-            return result
+            send = self.prepare(model, inputs, [*outputs, *PERF_OUTPUTS], request_id)
 
-        target = EngineClient(call_with_metrics, self.target_model)
+            async def outputs_and_metrics():
+                result = await send()
+                perf.update({name: int(np.asarray(result[name]).reshape(-1)[0]) for name in PERF_OUTPUTS})
+                return result
+
+            return outputs_and_metrics
+
+        target = EngineClient(prepare_with_metrics, self.target_model)
         final = Chunk([], True, gen)
         self.in_flight += 1
         self.metrics.in_flight(self.in_flight)

@@ -1,8 +1,11 @@
 """The spec_decode service: proposers and the target behind the loop, as engine calls.
 
-Engines are reached through one injected coroutine, `call(model, inputs, outputs, request_id)`,
-that speaks the TensorRT-LLM backend's tensors: in the server it is a BLS call
-(model_repository/spec_decode/1/model.py); in tests it can call an Engine in-process. Each
+Engines are reached through one injected function, `prepare(model, inputs, outputs, request_id)`,
+that speaks the TensorRT-LLM backend's tensors and returns `send`: calling send() sends the call and
+returns an awaitable of its outputs. In the server it is a BLS call
+(model_repository/spec_decode/1/model.py); in tests it can call an Engine in-process. Building a
+call is the costly part, so rounds in step (specdec/lockstep.py) build theirs before they wait
+and then all send at once. Each
 sequence is one request id for the engines, so they reuse its KV cache from call to call, and it
 is released (a `stop` call) when the request ends, fails or is cancelled.
 """
@@ -39,7 +42,8 @@ from specdec.triton_io import (
 
 log = logging.getLogger("specdec.spec_decode")
 
-EngineCall = Callable[[str, dict[str, np.ndarray], list[str], str], Awaitable[dict[str, np.ndarray]]]
+Send = Callable[[], Awaitable[dict[str, np.ndarray]]]  # sends a prepared call: its outputs to come
+EngineCall = Callable[[str, dict[str, np.ndarray], list[str], str], Send]  # (model, inputs, outputs, request_id)
 
 DRAFT_SEED_SALT = 0xD2AF7  # the draft's sampling noise must be independent of the target's
 COST_CHECK_S = 2.0  # how often to look for a newer calibration of the engines' forward times
@@ -92,10 +96,14 @@ class EngineClient:
     batches by itself and is sent only what a call uses.
     """
 
-    def __init__(self, call: EngineCall, model: str, uniform_inputs: bool = False):
-        self.call, self.model, self.uniform_inputs = call, model, uniform_inputs
+    def __init__(self, prepare: EngineCall, model: str, uniform_inputs: bool = False):
+        self.prepare, self.model, self.uniform_inputs = prepare, model, uniform_inputs
 
-    async def generate(
+    async def generate(self, *args, **kwargs) -> tuple[list[int], np.ndarray | None]:
+        """(output ids, logits or None) of the call prepare_generate(*args, **kwargs) builds."""
+        return await self.prepare_generate(*args, **kwargs)()
+
+    def prepare_generate(
         self,
         tokens: list[int],
         num_tokens: int,
@@ -104,7 +112,8 @@ class EngineClient:
         end_id: int | None,
         draft: loop.Draft = loop.NO_DRAFT,
         return_logits: bool = False,
-    ) -> tuple[list[int], np.ndarray | None]:
+    ) -> Callable[[], Awaitable[tuple[list[int], np.ndarray | None]]]:
+        """The call of generate(), built: calling the result sends it."""
         # TensorRT-LLM decodes greedily with top_k 1 (its maintainers' advice; temperature 0
         # alone is not documented as greedy there); our engine is greedy at temperature 0 anyway.
         top_k = 1 if sampling.greedy else sampling.top_k
@@ -129,12 +138,17 @@ class EngineClient:
         if return_logits or self.uniform_inputs:
             inputs["return_generation_logits"] = _scalar(return_logits, np.bool_)
         outputs = ["output_ids"] + (["generation_logits"] if return_logits else [])
-        result = await self.call(self.model, inputs, outputs, key)
-        ids = np.asarray(result["output_ids"]).reshape(-1).tolist()
-        logits = result.get("generation_logits")
-        if logits is not None:
-            logits = np.asarray(logits, dtype=np.float32).reshape(len(ids), -1)
-        return ids, logits
+        send = self.prepare(self.model, inputs, outputs, key)
+
+        async def tokens(sent: Awaitable[dict[str, np.ndarray]]) -> tuple[list[int], np.ndarray | None]:
+            result = await sent
+            ids = np.asarray(result["output_ids"]).reshape(-1).tolist()
+            logits = result.get("generation_logits")
+            if logits is not None:
+                logits = np.asarray(logits, dtype=np.float32).reshape(len(ids), -1)
+            return ids, logits
+
+        return lambda: tokens(send())
 
     async def release(self, key: str) -> None:
         inputs = {
@@ -143,7 +157,7 @@ class EngineClient:
             "request_output_len": _scalar(1, np.int32),
             "stop": _scalar(True, np.bool_),
         }
-        await self.call(self.model, inputs, [], key)
+        await self.prepare(self.model, inputs, [], key)()
 
 
 def request_sampling(req: SpecDecodeRequest) -> SamplingParams:
@@ -172,13 +186,13 @@ class Chunk:
 
 
 class SpecDecodeService:
-    def __init__(self, profile: Profile, call: EngineCall, metrics: Metrics | None = None,
+    def __init__(self, profile: Profile, prepare: EngineCall, metrics: Metrics | None = None,
                  target_model: str = "target", draft_model: str | None = "draft",
                  warn: Callable[[str], None] = log.warning):  # fmt: skip
         self.profile = profile
         uniform = profile.backend == "pytorch"
-        self.target = EngineClient(call, target_model, uniform)
-        self.draft = EngineClient(call, draft_model, uniform) if draft_model else None
+        self.target = EngineClient(prepare, target_model, uniform)
+        self.draft = EngineClient(prepare, draft_model, uniform) if draft_model else None
         ngram = profile.speculation.ngram
         self.ngram = NgramProposer(ngram.min_n, ngram.max_n)
         self.metrics = metrics or NoMetrics()
@@ -252,9 +266,8 @@ class SpecDecodeService:
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
             rows = len(draft.ids) + 1 if gen.stats.rounds else len(tokens)  # the first call prefills
-            ids, _ = await self.lockstep.call(
-                member, rows, lambda: self.target.generate(tokens, len(draft.ids) + 1, sampling, key, end_id, draft)
-            )
+            send = self.target.prepare_generate(tokens, len(draft.ids) + 1, sampling, key, end_id, draft)
+            ids, _ = await self.lockstep.call(member, rows, send)
             return ids
 
         def choose_k(gen: loop.Generation) -> int:
@@ -353,4 +366,4 @@ def local_call(engines: dict[str, Engine]) -> EngineCall:
         out = await future
         return {name: out[name] for name in outputs}
 
-    return call
+    return lambda *args: lambda: call(*args)  # nothing to build ahead in-process

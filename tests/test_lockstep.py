@@ -131,3 +131,44 @@ def test_a_call_cancelled_while_waiting_leaves_nothing_behind():
         assert engine.batches == [["other"]]
 
     asyncio.run(main())
+
+
+def test_released_calls_are_all_sent_in_one_go():
+    """The calls of a round leave together: every released member's send() runs inside the
+    release, before the loop does anything else (a call sent late misses the engine's batch)."""
+
+    async def main():
+        lockstep, sent = Lockstep(60.0, bandwidth_bound), []
+
+        def send(name: str):
+            sent.append(name)
+            return asyncio.sleep(0, result=name)
+
+        with lockstep.member() as a, lockstep.member() as b, lockstep.member() as c:
+            early = [asyncio.create_task(lockstep.call(m, 1, lambda n=n: send(n))) for m, n in ((a, "a"), (b, "b"))]
+            await asyncio.sleep(0.01)
+            assert sent == [] and len(lockstep.ready) == 2  # waiting for c
+            last = asyncio.create_task(lockstep.call(c, 1, lambda: send("c")))
+            await asyncio.sleep(0)  # c's call() runs up to its first wait: the release
+            assert sent == ["a", "b", "c"] and lockstep.in_engine == 3
+            assert await asyncio.gather(*early, last) == ["a", "b", "c"]
+        assert (lockstep.members, lockstep.in_engine, lockstep.ready) == (set(), 0, [])
+
+    asyncio.run(main())
+
+
+def test_a_call_that_cannot_be_sent_fails_alone():
+    async def main():
+        lockstep = Lockstep(60.0, bandwidth_bound)
+
+        def broken():
+            raise RuntimeError("no request")
+
+        with lockstep.member() as a, lockstep.member() as b:
+            bad = asyncio.create_task(lockstep.call(a, 1, broken))
+            good = asyncio.create_task(lockstep.call(b, 1, lambda: asyncio.sleep(0, result="b")))
+            results = await asyncio.gather(bad, good, return_exceptions=True)
+        assert isinstance(results[0], RuntimeError) and results[1] == "b"
+        assert (lockstep.in_engine, lockstep.ready) == (0, [])
+
+    asyncio.run(main())

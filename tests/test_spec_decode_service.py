@@ -106,14 +106,14 @@ def test_many_requests_in_flight_share_forward_passes_and_stay_exact(service):
 
 def record_engine_calls(svc, note) -> None:
     """Show note(model, inputs) every engine call of the service but the stop calls, then make it."""
-    inner = svc.target.call
+    inner = svc.target.prepare
 
-    async def recording(model, inputs, outputs, request_id):
+    def recording(model, inputs, outputs, request_id):
         if "stop" not in inputs:
             note(model, inputs)
-        return await inner(model, inputs, outputs, request_id)
+        return inner(model, inputs, outputs, request_id)
 
-    svc.target.call = svc.draft.call = recording
+    svc.target.prepare = svc.draft.prepare = recording
 
 
 def test_every_call_of_an_engine_carries_the_same_inputs(tiny_target, tiny_draft):

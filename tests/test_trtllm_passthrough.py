@@ -26,7 +26,10 @@ class FakeTrtllm:
     def __init__(self):
         self.calls: list[dict[str, np.ndarray]] = []
 
-    async def __call__(self, model, inputs, outputs, request_id):
+    def __call__(self, model, inputs, outputs, request_id):  # an EngineCall: build now, send later
+        return lambda: self.respond(model, inputs, outputs)
+
+    async def respond(self, model, inputs, outputs):
         assert model == "target"
         self.calls.append(inputs)
         prompt_len = int(inputs["input_lengths"].reshape(-1)[0])
@@ -102,8 +105,11 @@ def test_in_flight_gauge_and_finish_are_reported_even_when_the_engine_fails(prof
     asyncio.run(_serve(service, _request(40, stream=True)))
     assert metrics.events == [("in_flight", 1), ("finished", "lookahead", "length", 40), ("in_flight", 0)]
 
-    async def failing(model, inputs, outputs, request_id):
+    async def engine_down():
         raise RuntimeError("engine down")
+
+    def failing(model, inputs, outputs, request_id):
+        return engine_down
 
     metrics.events.clear()
     with pytest.raises(RuntimeError, match="engine down"):
