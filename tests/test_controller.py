@@ -57,10 +57,26 @@ def test_forward_cost_interpolates_extrapolates_and_tracks_observations():
     for _ in range(150):
         cost.observe(8, 2 * (0.020 + 0.0015 * 8))  # the machine got twice as slow
     assert cost.time(8) == pytest.approx(2 * (0.020 + 0.0015 * 8), rel=0.01)
-    assert cost.time(1) == pytest.approx(0.020 + 0.0015)  # other row counts keep their times
+    assert cost.time(1) == pytest.approx(2 * (0.020 + 0.0015), rel=0.01)  # every row count with it
+    assert cost.marginal(10) == pytest.approx(2 * 0.0015, rel=0.01)
     before = cost.time(4)
     cost.observe(4, 100.0)  # one stalled forward moves the table a little, not 100 s
     assert before < cost.time(4) < 1.1 * before
+
+
+def test_slow_forwards_of_few_rows_leave_extra_rows_their_cost(tmp_path):
+    """In service a lone call's forward runs beside the server's other work, often three times
+    slower than calibrated, while full batches run near their time: an extra row must still cost
+    what the calibrated shape says it costs, scaled, not nothing."""
+    cost = cpu_like_cost()
+    for _ in range(300):
+        cost.observe(1, 3 * (0.020 + 0.0015 * 1))
+        cost.observe(16, 1.1 * (0.020 + 0.0015 * 16))
+    assert cost.marginal(8) > 0.0015  # slower than calibrated, never free
+    assert cost.time(16) > cost.time(8) > cost.time(1)
+    (tmp_path / "cost.json").write_text(cost.to_json())  # as the engine model publishes it
+    reloaded = ForwardCost.load(tmp_path / "cost.json")
+    assert reloaded is not None and reloaded.time(5) == pytest.approx(cost.time(5))
 
 
 def test_an_idle_server_drafts_long_when_drafts_are_accepted():
