@@ -7,7 +7,7 @@ the draft-verify loop (loop.Generation), and reports acceptance from the engine'
 outputs (return_perf_metrics -> total_draft_tokens, total_accepted_draft_tokens).
 
 Same interface as spec_decode.SpecDecodeService (one injected `prepare(model, inputs, outputs,
-request_id)` coroutine, `serve` yields Chunks), so the Triton adapter picks either by profile.
+request_id)` that builds an engine call, `serve` yields Chunks), so the Triton adapter picks either by profile.
 Sequences are not released afterwards: every call is a finished request for the engine.
 """
 
