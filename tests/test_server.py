@@ -115,17 +115,16 @@ def test_streamed_text_equals_the_unstreamed_text(server):
 def test_requests_in_flight_share_the_target_forwards(server, prompt_ids):
     """12 plain requests at once: their steps go to the engine together. (The BLS loop's default
     thread pool, os.cpu_count() + 4 threads, once held the engine calls in flight to 6 on 2 cores.)"""
-    from tritonclient.grpc import InferenceServerClient
-
-    def largest_batch() -> int:
-        stats = InferenceServerClient(server.grpc_url).get_inference_statistics("target", as_json=True)
-        return max(int(b["batch_size"]) for b in stats["model_stats"][0]["batch_stats"])
+    import tritonclient.grpc as grpcclient
 
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(12)]
     params = GenerationParams(max_tokens=24, num_draft_tokens=0)
     results = generate_all(server, ids, [params] * 12, in_flight=12)
     assert all(r.error is None and r.ids for r in results)
-    assert largest_batch() > 8  # more than any other test here keeps in flight
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    stats = client.get_inference_statistics("target", as_json=True)["model_stats"][0]
+    client.close()
+    assert max(int(b["batch_size"]) for b in stats["batch_stats"]) > 8  # more than other tests keep in flight
 
 
 def metric_values(text: str, name: str, **labels) -> list[float]:
