@@ -93,10 +93,8 @@ def replay(sample: Sample, propose: Propose, k: int) -> list[int]:
 
 
 def forward_times(engine: Engine, rows: tuple[int, ...], passes: int = 10) -> dict[int, float]:
-    """Seconds of a forward by row count: the best of several passes over all counts, so that a
-    slow spell of the shared machine does not land on one count only."""
-    passes_s = [engine.calibrate(rows=rows, repeats=1)["seconds"] for _ in range(passes)]
-    return dict(zip(rows, np.min(passes_s, axis=0).tolist(), strict=True))
+    """Seconds of a forward by row count: the best of several passes over all counts."""
+    return dict(zip(rows, engine.calibrate(rows=rows, repeats=passes)["seconds"], strict=True))
 
 
 def generate(engine: Engine, tokenizer: TextTokenizer, workloads: list[str], max_tokens: int) -> list[Sample]:

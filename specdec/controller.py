@@ -1,18 +1,26 @@
 """How many tokens to draft: per request from its acceptance, across requests from the load.
 
-A round verifies k draft tokens with acceptance rate a and yields E(k) = (1 - a^(k+1)) / (1 - a)
-tokens (Leviathan et al. 2023). Its cost is the target forward over all rows in flight, plus the
-draft model's steps when there is one. Adding the j-th draft token of a request adds a^j expected
-tokens and one row's worth of time dT to a round of every request; a round of the requests in
-flight yields R = sum E / T tokens per second, so that token pays iff a^j > R * dT. Each request
-drafts the largest k whose last token still passes that bar: long drafts when the server is idle
-(a forward over a few extra rows costs little more than one row), shorter ones as rows pile up,
-none when they no longer pay. R comes from the same cost model as dT, not from the server's
-measured throughput: that one also counts prefills and idle clients, which would lower the bar.
+A round verifies k draft tokens and yields E(k) tokens: the accepted drafts plus the target's own.
+With one acceptance rate a for every draft token, E(k) = (1 - a^(k+1)) / (1 - a) (Leviathan et al.
+2023). Prompt lookup's drafts are copies: they miss at once or start right and run on (served on
+the built-in grounded prompts: 52% of first tokens accepted, then 83-97% of each next one after an
+accepted one), so the estimate keeps two rates, a1 for the first token and a for each next one,
+and E(k) = 1 + a1 (1 - a^k) / (1 - a), which is Leviathan's where the two are equal.
+
+A round's cost is the target forward over all rows in flight, plus the draft model's steps when
+there is one, plus what a served round costs beyond its forwards whatever its rows (measured:
+observe_round()). The controller plans the draft lengths of all requests in flight that maximise the
+next round's expected tokens per second (plan()): long drafts when the server is idle (a forward
+over a few extra rows costs little more than one row), shorter ones as rows pile up, none when
+they no longer pay. The plan is over the cost model's exact shape: on the CPU a forward's time is
+a staircase (the matmul takes rows in blocks of 8 with AVX-512: 9 rows cost ~11% more than 8, 10
+hardly more than 9), which a marginal cost per row would smooth away. (The built-in grounded
+prompts' greedy outputs replayed at batch 1 and priced with the engine's forward times: 1.94x
+over plain decoding with one rate, a marginal cost and a table of powers of two; 2.00x with
+this controller, as much as the best fixed length, 7.)
 
 Costs come from the engines' forward times by row count: calibrated at start-up and kept current
-by the engines from the forwards they run (the calibration files in the build folder); acceptance
-is a per-request estimate that starts from the proposer's recent average.
+by the engines from the forwards they run (the calibration files in the build folder).
 """
 
 from __future__ import annotations
@@ -26,12 +34,17 @@ import numpy as np
 
 from specdec.config import AdaptiveOptions
 
+THEN_PRIOR_WEIGHT = 8.0  # tokens of evidence the next-token rate's prior (the first-token rate) is worth
 
-def expected_tokens(acceptance: float, k: int) -> float:
-    """Tokens a round yields: accepted drafts plus the target's own token."""
-    if acceptance >= 1.0:
-        return k + 1.0
-    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+def expected_tokens(first: float, then: float, k: int) -> float:
+    """Tokens a round yields: accepted drafts plus the target's own, when the first draft token
+    is accepted with probability `first` and each next one, after an accepted one, with `then`."""
+    if k <= 0:
+        return 1.0
+    if then >= 1.0:
+        return 1.0 + first * k
+    return 1.0 + first * (1.0 - then**k) / (1.0 - then)
 
 
 @dataclass
@@ -44,8 +57,11 @@ class ForwardCost:
     flattened the table (1 to 16 rows all 35-37 ms), which priced extra draft rows at nothing."""
 
     rows: list[int]
-    seconds: list[float]  # as calibrated
+    seconds: list[float]  # as calibrated, made non-decreasing: a noisy dip must not attract drafts
     scale: float = 1.0  # observed / calibrated
+
+    def __post_init__(self) -> None:
+        self.seconds = np.maximum.accumulate(self.seconds).tolist()
 
     @classmethod
     def load(cls, path: Path) -> ForwardCost | None:
@@ -59,132 +75,215 @@ class ForwardCost:
         return json.dumps({"rows": self.rows, "seconds": self.seconds, "scale": self.scale})
 
     def time(self, rows: float) -> float:
+        return float(self.times(np.asarray(rows)))
+
+    def times(self, rows: np.ndarray) -> np.ndarray:
+        """time() of each element of `rows`."""
         return self.scale * self._calibrated(rows)
 
-    def _calibrated(self, rows: float) -> float:
-        rows = max(rows, 1.0)
-        if rows > self.rows[-1]:  # extrapolate with the last segment's slope
-            slope = (self.seconds[-1] - self.seconds[-2]) / (self.rows[-1] - self.rows[-2])
-            return self.seconds[-1] + slope * (rows - self.rows[-1])
-        return float(np.interp(rows, self.rows, self.seconds))
-
-    def marginal(self, rows: float) -> float:
-        """Seconds one more row adds."""
-        return max(self.time(rows + 1) - self.time(rows), 0.0)
+    def _calibrated(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.maximum(rows, 1.0)
+        slope = (self.seconds[-1] - self.seconds[-2]) / (self.rows[-1] - self.rows[-2])
+        beyond = self.seconds[-1] + slope * (rows - self.rows[-1])  # the last segment's slope
+        return np.where(rows > self.rows[-1], beyond, np.interp(rows, self.rows, self.seconds))
 
     def observe(self, rows: int, seconds: float, weight: float = 0.05) -> None:
         """Move the scale toward this forward's time over its calibrated time."""
         if seconds <= 0 or rows < 1:
             return
-        ratio = seconds / self._calibrated(rows)
+        ratio = seconds / float(self._calibrated(np.asarray(rows)))
         # one stalled forward (the OS, another process) must not swing the scale: clip its pull
         ratio = min(max(ratio, 0.5 * self.scale), 2.0 * self.scale)
         self.scale += weight * (ratio - self.scale)
 
 
 @dataclass
+class Rate:
+    """Successes and trials of one kind, counted with forgetting."""
+
+    hits: float = 0.0
+    trials: float = 0.0
+
+    def estimate(self, prior: float, weight: float) -> float:
+        """The rate, shrunk toward `prior` as if it had `weight` trials more; kept below 1 (at a
+        certain acceptance every draft length would pay)."""
+        return min((self.hits + weight * prior) / (self.trials + weight), 0.99)
+
+    def upper(self, prior: float, weight: float) -> float:
+        """The estimate plus two standard errors: what the rate may well be, for exploring."""
+        rate = self.estimate(prior, weight)
+        return min(rate + 2.0 * math.sqrt(rate * (1.0 - rate) / (self.trials + weight)), 0.99)
+
+    def observe(self, hits: int, trials: int, decay: float) -> None:
+        self.hits = decay * self.hits + hits
+        self.trials = decay * self.trials + trials
+
+
+@dataclass
 class Acceptance:
-    """Acceptance of one request's drafts: geometric-model counts with forgetting, starting from
-    a prior worth a couple of tokens."""
+    """How drafts fared: a draft is accepted up to its first rejection, so `accepted` of `drafted`
+    tokens is one trial of its first token, then accepted - 1 successes and (if the draft went
+    on) one failure of the tokens after an accepted one. Both counts forget at every round."""
 
-    accepted: float
-    trials: float
-
-    @property
-    def rate(self) -> float:
-        """The estimate, kept below 1: at a certain acceptance every draft length would pay."""
-        return min(self.accepted / self.trials, 0.99) if self.trials else 0.0
+    first: Rate = field(default_factory=Rate)
+    next: Rate = field(default_factory=Rate)
 
     def observe(self, drafted: int, accepted: int, decay: float) -> None:
-        # drafts are tried in order until the first rejection: n successes, plus 1 failure if n < k
-        self.accepted = decay * self.accepted + accepted
-        self.trials = decay * self.trials + accepted + (accepted < drafted)
+        self.first.observe(int(accepted > 0), 1, decay)
+        hits = max(accepted - 1, 0)
+        self.next.observe(hits, hits + int(0 < accepted < drafted), decay)
+
+
+@dataclass
+class Plan:
+    """Draft lengths for the next round of the requests in flight (Controller.plan())."""
+
+    k: dict[str, int]  # request -> draft length
+    values: dict[str, np.ndarray]  # request -> expected tokens each of its draft tokens brings
+    bar: float  # expected tokens one more draft row would have to bring to pay
+    decisions_left: int  # decisions it serves before it is made again
 
 
 @dataclass
 class RequestState:
     proposer: str
     limit: int  # the request's num_draft_tokens: the most it may draft
-    acceptance: Acceptance
+    drafts: Acceptance  # its own
     k: int = 0
     rounds_without_drafts: int = 0
 
 
 @dataclass
 class Controller:
+    """A request's first-token rate is its own count shrunk toward its proposer's recent rate over
+    all requests (worth options.prior_weight tokens): a new request starts from what the proposer
+    does now. Its next-token rate is its own count shrunk toward its first-token rate, i.e.
+    Leviathan's single rate, by THEN_PRIOR_WEIGHT tokens: it leaves that only on evidence, which
+    copies bring fast (several next tokens a round) and short drafts slowly (one-token drafts say
+    nothing of the next tokens). Per request, because code and copy-edits copy long spans while
+    answers and summaries copy short ones: one next-token rate for all overdrafted the latter."""
+
     options: AdaptiveOptions
     target: ForwardCost | None = None
     draft: ForwardCost | None = None
-    prior: dict[str, float] = field(default_factory=dict)  # proposer -> recent acceptance
+    recent: dict[str, Rate] = field(default_factory=dict)  # proposer -> its drafts' first tokens, all requests
     requests: dict[str, RequestState] = field(default_factory=dict)
+    overhead_s: float = 0.0  # of a served round beyond its forwards: see observe_round()
+    _plan: Plan | None = field(default=None, init=False, repr=False)  # made once a round: choose_k()
 
     # --- request life cycle -----------------------------------------------------------------------
     def start(self, key: str, proposer: str, limit: int) -> None:
-        prior = self.prior.get(proposer, self.options.prior_acceptance)
-        weight = self.options.prior_weight
-        self.requests[key] = RequestState(proposer, limit, Acceptance(prior * weight, weight), k=limit)
+        self.requests[key] = RequestState(proposer, limit, Acceptance(), k=limit)
+        self._plan = None
 
     def finish(self, key: str) -> None:
         self.requests.pop(key, None)
+        self._plan = None
+
+    def rates(self, key: str) -> tuple[float, float]:
+        """The request's (first-token, next-token) acceptance estimates."""
+        state = self.requests[key]
+        first = state.drafts.first.estimate(self.proposer_rate(state.proposer), self.options.prior_weight)
+        return first, state.drafts.next.estimate(first, THEN_PRIOR_WEIGHT)
+
+    def proposer_rate(self, proposer: str) -> float:
+        """The first-token rate of the proposer's recent drafts over all requests."""
+        recent = self.recent.get(proposer)
+        prior, weight = self.options.prior_acceptance, self.options.prior_weight
+        return prior if recent is None else recent.estimate(prior, weight)
 
     # --- decisions --------------------------------------------------------------------------------
-    def rows_in_flight(self) -> int:
-        return sum(s.k + 1 for s in self.requests.values())
-
     def choose_k(self, key: str, budget: int) -> int:
-        """The draft length for the request's next round, at most `budget`."""
+        """The draft length for the request's next round, at most `budget`: its part of the plan
+        for the whole next round. The plan is made again once per round (after as many decisions
+        as requests in flight) and whenever a request starts or ends: making it for every
+        decision cost ~0.1 ms each, milliseconds a round at 32 requests, on cores the forward
+        needs; the estimates move little within a round."""
         state = self.requests[key]
         limit = min(state.limit, budget)
-        if not self.options.enabled or limit <= 0 or self.target is None:
-            state.k = limit
+        if not self.options.enabled or limit <= 0 or self.target is None or state.proposer not in self.recent:
+            state.k = limit  # (a proposer without a history drafts what was asked: the estimates need it)
             return limit
-        rate = state.acceptance.rate
-        bar = self._bar(state)
-        # the largest k whose last draft token still pays: rate^k > bar (with hysteresis)
-        k = 0 if rate <= 0 or bar >= 1 else min(limit, int(math.log(max(bar, 1e-9)) / math.log(max(rate, 1e-9))))
-        if abs(k - state.k) == 1 and self._within_hysteresis(rate, bar, min(k, state.k) + 1):
-            k = min(state.k, limit)
+        if self._plan is None or self._plan.decisions_left <= 0:
+            self._plan = self.plan()
+        plan = self._plan
+        plan.decisions_left -= 1
+        k = min(plan.k[key], limit)
+        # keep k while the token that would change it is worth about the bar: the estimates move
+        # a little every round
+        current = min(state.k, limit)
+        if (
+            abs(k - current) == 1
+            and abs(plan.values[key][min(k, current)] - plan.bar) <= self.options.hysteresis * plan.bar
+        ):
+            k = current
         k = max(k, min(self.options.min_draft_tokens, limit))
         if k == 0:
-            # Without drafts there is no news of this request's acceptance: probe now and then,
-            # when the proposer's recent average elsewhere says a draft token would pay (under
-            # load it would not, and a probe is then a row of pure cost).
+            # Without drafts there is no news of acceptance: probe now and then, when the
+            # proposer's recent first-token rate, give or take its error, says a draft token may
+            # pay (under load it would not, and a probe is then a row of pure cost).
             state.rounds_without_drafts += 1
-            proposer_rate = self.prior.get(state.proposer, self.options.prior_acceptance)
-            if state.rounds_without_drafts >= self.options.probe_every and proposer_rate > bar:
+            recent = self.recent[state.proposer].upper(self.options.prior_acceptance, self.options.prior_weight)
+            if state.rounds_without_drafts >= self.options.probe_every and recent > plan.bar:
                 state.rounds_without_drafts = 0
                 k = 1
         state.k = k
         return k
 
-    def _bar(self, state: RequestState) -> float:
-        """Expected tokens a draft token must bring to pay for its time: the round's tokens per
-        second (R) x the time the token adds (dT)."""
-        rows = self.rows_in_flight()
-        drafting = [s for s in self.requests.values() if s.proposer == "draft_model"]
-        round_time = self.target.time(rows)
-        cost = self.target.marginal(rows)
-        if drafting and self.draft is not None:
-            step = self.draft.time(len(drafting))  # one draft step for the whole draft batch
-            round_time += max(s.k for s in drafting) * step
-            if state.proposer == "draft_model":
-                cost += step / len(drafting)
-        tokens = sum(expected_tokens(s.acceptance.rate, s.k) for s in self.requests.values())
-        return tokens / round_time * cost
+    def plan(self) -> Plan:
+        """The draft lengths of every request in flight, each at most its limit, that maximise
+        the next round's expected tokens per second.
 
-    def _within_hysteresis(self, rate: float, bar: float, j: int) -> bool:
-        """Is the j-th draft token's worth too close to the bar to justify changing k?"""
-        margin = self.options.hysteresis
-        return bar * (1 - margin) < rate**j < bar * (1 + margin)
+        Exact under the model: the j-th draft token of request i brings v = a1_i a_i^(j-1)
+        expected tokens, falling with j, so for any total of N draft rows the most tokens come
+        from the N most valuable tokens, each request's a prefix of its draft; the round's time
+        at each N is the cost model's (on the CPU a staircase), and the plan takes the best N."""
+        keys = list(self.requests)
+        states = [self.requests[k] for k in keys]
+        limits = np.array([s.limit for s in states])
+        width = int(limits.max())
+        first, then = np.array([self.rates(k) for k in keys]).T
+        position = np.arange(width)
+        values = first[:, None] * then[:, None] ** position  # (requests, width)
+        values[position >= limits[:, None]] = 0.0
+        order = np.argsort(-values, axis=None, kind="stable")[: int(limits.sum())]  # draft tokens by worth
+        owner, j = np.divmod(order, width)
+        tokens = len(keys) + np.concatenate(([0.0], np.cumsum(values.ravel()[order])))
+        seconds = self.target.times(len(keys) + np.arange(len(order) + 1)) + self.overhead_s
+        drafting = np.array([s.proposer == "draft_model" for s in states])[owner]
+        if self.draft is not None and drafting.any():
+            # the draft model steps its whole batch as long as its longest draft
+            steps = np.maximum.accumulate(np.where(drafting, j + 1, 0))
+            batch = np.cumsum(drafting & (j == 0))
+            seconds[1:] += steps * self.draft.times(np.maximum(batch, 1)) * (batch > 0)
+        best = int(np.argmax(tokens / seconds))
+        counts = np.bincount(owner[:best], minlength=len(keys))
+        rows = len(keys) + best
+        bar = tokens[best] / seconds[best] * (self.target.time(rows + 1) - self.target.time(rows))
+        return Plan(dict(zip(keys, counts.tolist(), strict=True)), dict(zip(keys, values, strict=True)), bar, len(keys))
 
     # --- observations -----------------------------------------------------------------------------
     def observe(self, key: str, drafted: int, accepted: int) -> None:
         state = self.requests.get(key)
         if state is None or not drafted:
             return
-        state.acceptance.observe(drafted, accepted, 1.0 - self.options.ema_alpha)
-        prior = self.prior.get(state.proposer, self.options.prior_acceptance)
-        self.prior[state.proposer] = prior + self.options.ema_alpha * (accepted / drafted - prior)
+        state.drafts.observe(drafted, accepted, 1.0 - self.options.ema_alpha)
+        # the proposer's counts forget at the same pace per round, however many requests report
+        decay = 1.0 - self.options.ema_alpha / len(self.requests)
+        self.recent.setdefault(state.proposer, Rate()).observe(int(accepted > 0), 1, decay)
+
+    def observe_round(self, seconds: float) -> None:
+        """A request's round took `seconds` from one round's tokens to the next's. Beyond the
+        target's forward a served round costs the same again whatever its draft rows: the calls
+        through Triton, the responses streamed, the server's other processes taking the cores
+        between forwards (at one user ~6 ms on a 13 ms step). Drafts spread it over more tokens,
+        so the plan counts it; it is followed as the rounds' average excess over the forward
+        time the cost model gives for the rows in flight."""
+        if self.target is None or not self.requests:
+            return
+        rows = sum(s.k + 1 for s in self.requests.values())
+        excess = max(seconds - self.target.time(rows), 0.0)
+        self.overhead_s += self.options.ema_alpha / len(self.requests) * (excess - self.overhead_s)
 
     def mean_k(self, proposer: str) -> float:
         ks = [s.k for s in self.requests.values() if s.proposer == proposer]

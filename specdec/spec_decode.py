@@ -285,8 +285,12 @@ class SpecDecodeService:
             self.controller.start(key, req.proposer, req.spec.num_draft_tokens)
             try:
                 with self.lockstep.member() as member:
+                    round_start = time.perf_counter()
                     async for new in loop.run(gen, propose, verify, choose_k, cancelled=cancelled):
                         stats = gen.stats
+                        if stats.rounds > 1:  # (the first one is the prompt's prefill)
+                            self.controller.observe_round(time.perf_counter() - round_start)
+                        round_start = time.perf_counter()
                         self.controller.observe(key, stats.last_draft, stats.last_accepted)
                         self.metrics.round(req.proposer, stats.last_draft, stats.last_accepted)
                         self.metrics.draft_length(req.proposer, self.controller.mean_k(req.proposer))

@@ -1,5 +1,5 @@
-"""The draft-length controller: Leviathan's expectation, the cost model, and the decisions it
-takes at different acceptance rates and loads."""
+"""The draft-length controller: the expected tokens of a round, the cost model, and the decisions
+it takes at different acceptance rates and loads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specdec.config import AdaptiveOptions
-from specdec.controller import Controller, ForwardCost, expected_tokens
+from specdec.controller import Controller, ForwardCost, Rate, expected_tokens
 
 ROWS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -24,41 +24,87 @@ def measured_cost() -> ForwardCost:
     return ForwardCost(ROWS, [0.0245, 0.0252, 0.0308, 0.0406, 0.0745, 0.1208, 0.2188])
 
 
+def staircase_cost() -> ForwardCost:
+    """The embedded target's forward by row count on the development machine, every count to 17:
+    flat to 8 rows, then a step (the matmul takes rows in blocks of 8)."""
+    ms = [17.3, 17.1, 17.0, 17.6, 17.7, 17.9, 18.2, 18.0, 20.0, 20.2, 21.2, 22.3, 23.1, 23.9, 25.0, 26.5, 29.0]
+    return ForwardCost(list(range(1, 18)), [t / 1e3 for t in ms])
+
+
 def controller(cost: ForwardCost | None = None, **options) -> Controller:
     return Controller(AdaptiveOptions(**options), target=cost or cpu_like_cost())
 
 
-def settle(ctl: Controller, keys: list[str], acceptance: float, rounds: int = 60) -> list[int]:
-    """Run rounds where each draft token is accepted with probability `acceptance` (until the
-    first rejection); return the draft lengths of the last round."""
+def settle(
+    ctl: Controller, keys: list[str], acceptance: float, rounds: int = 60, then: float | None = None
+) -> list[int]:
+    """Run rounds where a draft's first token is accepted with probability `acceptance` and each
+    next one, after an accepted one, with `then` (default: the same), until the first rejection;
+    return the draft lengths of the last round."""
     rng = random.Random(0)
     ks = []
     for _ in range(rounds):
         ks = [ctl.choose_k(key, 8) for key in keys]
         for key, k in zip(keys, ks, strict=True):
             accepted = 0
-            while accepted < k and rng.random() < acceptance:
+            while accepted < k and rng.random() < (acceptance if accepted == 0 or then is None else then):
                 accepted += 1
             ctl.observe(key, k, accepted)
     return ks
 
 
-def test_expected_tokens_follows_leviathan():
-    assert expected_tokens(0.0, 5) == 1.0
-    assert expected_tokens(1.0, 5) == 6.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+def test_expected_tokens_follows_leviathan_and_two_rates():
+    assert expected_tokens(0.0, 0.0, 5) == 1.0
+    assert expected_tokens(1.0, 1.0, 5) == 6.0
+    assert expected_tokens(0.5, 0.5, 2) == pytest.approx(1.75)  # (1 - a^3) / (1 - a)
+    assert expected_tokens(0.4, 0.9, 7) == pytest.approx(1 + 0.4 * (1 - 0.9**7) / 0.1)
+    assert expected_tokens(0.9, 0.9, 0) == 1.0
+
+
+def test_acceptance_separates_first_tokens_from_the_rest():
+    ctl = controller()
+    ctl.start("a", "ngram", 8)
+    for _ in range(200):  # copies: missed at once, or accepted to the end
+        ctl.observe("a", 8, 0)
+        ctl.observe("a", 8, 8)
+    first, then = ctl.rates("a")
+    assert first == pytest.approx(0.5, abs=0.05)
+    assert then > 0.95
+
+
+def test_a_request_starts_from_its_proposers_first_token_rate_and_its_own_drafts_take_over():
+    ctl = controller()
+    ctl.start("a", "ngram", 8)
+    for _ in range(100):
+        ctl.observe("a", 4, 1)  # first tokens accepted, the next ones never
+    ctl.start("b", "ngram", 8)
+    first, then = ctl.rates("b")
+    assert first > 0.9 and then == first  # nothing of its own yet: Leviathan's single rate
+    for _ in range(100):
+        ctl.observe("b", 4, 0)
+    assert ctl.rates("b")[0] < 0.3 < ctl.rates("a")[0]
+    assert ctl.rates("a")[1] < 0.3  # its next tokens never accepted: far below its first tokens
+
+
+def test_one_token_drafts_leave_the_next_tokens_at_the_first_tokens_rate():
+    ctl = controller()
+    ctl.start("a", "ngram", 8)
+    for _ in range(200):
+        ctl.observe("a", 1, 1)
+    first, then = ctl.rates("a")
+    assert first == 0.99 and then > 0.9
 
 
 def test_forward_cost_interpolates_extrapolates_and_tracks_observations():
     cost = cpu_like_cost()
     assert cost.time(3) == pytest.approx(0.020 + 0.0015 * 3)
     assert cost.time(128) == pytest.approx(0.020 + 0.0015 * 128)
-    assert cost.marginal(10) == pytest.approx(0.0015)
+    assert cost.time(11) - cost.time(10) == pytest.approx(0.0015)
     for _ in range(150):
         cost.observe(8, 2 * (0.020 + 0.0015 * 8))  # the machine got twice as slow
     assert cost.time(8) == pytest.approx(2 * (0.020 + 0.0015 * 8), rel=0.01)
     assert cost.time(1) == pytest.approx(2 * (0.020 + 0.0015), rel=0.01)  # every row count with it
-    assert cost.marginal(10) == pytest.approx(2 * 0.0015, rel=0.01)
+    assert cost.time(11) - cost.time(10) == pytest.approx(2 * 0.0015, rel=0.01)
     before = cost.time(4)
     cost.observe(4, 100.0)  # one stalled forward moves the table a little, not 100 s
     assert before < cost.time(4) < 1.1 * before
@@ -72,7 +118,7 @@ def test_slow_forwards_of_few_rows_leave_extra_rows_their_cost(tmp_path):
     for _ in range(300):
         cost.observe(1, 3 * (0.020 + 0.0015 * 1))
         cost.observe(16, 1.1 * (0.020 + 0.0015 * 16))
-    assert cost.marginal(8) > 0.0015  # slower than calibrated, never free
+    assert cost.time(9) - cost.time(8) > 0.0015  # slower than calibrated, never free
     assert cost.time(16) > cost.time(8) > cost.time(1)
     (tmp_path / "cost.json").write_text(cost.to_json())  # as the engine model publishes it
     reloaded = ForwardCost.load(tmp_path / "cost.json")
@@ -83,6 +129,22 @@ def test_an_idle_server_drafts_long_when_drafts_are_accepted():
     ctl = controller()
     ctl.start("a", "ngram", 8)
     assert settle(ctl, ["a"], acceptance=0.9) == [8]
+
+
+def test_copies_draft_up_to_the_edge_of_the_cost_staircase():
+    """Prompt lookup's drafts miss at once or run on: 40% of first tokens, then 90%. At batch 1
+    on the CPU's staircase the best length is the last one of the first block of rows (7 drafts +
+    1 = 8 rows); one acceptance rate (~0.7 here) would make the 5th-7th draft tokens look
+    worthless."""
+    cost = staircase_cost()
+    ctl = controller(cost)
+    ctl.start("a", "ngram", 8)
+    assert settle(ctl, ["a"], acceptance=0.4, then=0.9, rounds=200) == [7]
+
+
+def test_cost_table_dips_are_smoothed_away():
+    cost = ForwardCost([1, 2, 3, 4], [0.017, 0.016, 0.018, 0.017])  # noise in a calibration
+    assert [cost.time(r) for r in (1, 2, 3, 4)] == [0.017, 0.017, 0.018, 0.018]
 
 
 def test_drafts_that_are_rejected_stop_being_made():
@@ -107,7 +169,7 @@ def test_the_chosen_lengths_come_close_to_the_best_fixed_length_at_every_load(ac
         ks = settle(ctl, keys, acceptance, rounds=100)
 
         def throughput(lengths: list[int]) -> float:
-            tokens = sum(expected_tokens(acceptance, k) for k in lengths)
+            tokens = sum(expected_tokens(acceptance, acceptance, k) for k in lengths)
             return tokens / cost.time(sum(k + 1 for k in lengths))
 
         best = max(throughput([k] * batch) for k in range(9))
@@ -130,7 +192,7 @@ def test_a_request_without_drafts_probes_now_and_then():
     ctl = controller(probe_every=4)
     ctl.start("a", "ngram", 8)
     settle(ctl, ["a"], acceptance=0.0)
-    ctl.prior["ngram"] = 0.5  # other requests' prompt lookups do get accepted
+    ctl.recent["ngram"] = Rate(30.0, 100.0)  # other requests' prompt lookups do get accepted
     ks = [ctl.choose_k("a", 8) for _ in range(8)]
     assert ks.count(1) == 2 and ks.count(0) == 6
 
@@ -155,3 +217,33 @@ def test_without_a_calibration_the_requested_length_is_used():
     ctl = Controller(AdaptiveOptions())
     ctl.start("a", "draft_model", 4)
     assert ctl.choose_k("a", 8) == 4
+
+
+def test_a_slow_draft_model_drafts_less():
+    """A draft model's steps add to the round: the slower they are, the shorter the drafts."""
+    chosen = {}
+    for step_s in (0.0005, 0.005):
+        ctl = controller()
+        ctl.draft = ForwardCost(ROWS, [step_s] * len(ROWS))
+        ctl.start("a", "draft_model", 8)
+        chosen[step_s] = settle(ctl, ["a"], acceptance=0.7, rounds=100)[0]
+    assert chosen[0.0005] > chosen[0.005] > 0
+
+
+def test_a_rounds_overhead_beyond_the_forward_makes_drafts_pay_sooner():
+    """Served, a round costs its forward plus the calls and responses around it, whatever its
+    draft rows; drafts spread that over more tokens. Eight copying requests on the staircase: one
+    more block of rows (9 to 16) does not pay for the forward alone, but does once each round
+    also costs 10 ms beyond it."""
+    chosen = {}
+    for overhead_s in (0.0, 0.010):
+        ctl = controller(staircase_cost())
+        keys = [f"r{i}" for i in range(8)]
+        for key in keys:
+            ctl.start(key, "ngram", 8)
+        rows = sum(state.k + 1 for state in ctl.requests.values())
+        for _ in range(50 * len(keys)):  # every request reports every round
+            ctl.observe_round(ctl.target.time(rows) + overhead_s)
+        chosen[overhead_s] = sum(settle(ctl, keys, acceptance=0.5, then=0.85, rounds=100))
+        assert ctl.overhead_s == pytest.approx(overhead_s, abs=0.002)
+    assert chosen[0.0] < chosen[0.010]

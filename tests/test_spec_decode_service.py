@@ -305,3 +305,22 @@ def test_the_controller_follows_the_costs_the_engines_publish(tiny_target, tiny_
     os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
     run_all(service, [request(PROMPTS[0], max_tokens=4)])
     assert service.controller.target.seconds == [0.03, 0.05]
+
+
+def test_calibration_times_every_row_count_asked_for_and_leaves_the_slots_free(tiny_target, tmp_path):
+    engine = Engine(tiny_target, kv_slots=1, max_seq_len=64, threads=1, lock_file=tmp_path / "engine.lock")
+    table = engine.calibrate(rows=(1, 2, 9, 64), repeats=2)
+    assert table["rows"] == [1, 2, 9]  # 64 rows do not fit a 64-token sequence
+    assert all(0 < s < 10 for s in table["seconds"])
+    assert engine.slots.in_use == 0
+
+
+def test_what_rounds_take_beyond_their_forwards_reaches_the_controller(tiny_target, tiny_draft, tmp_path, monkeypatch):
+    monkeypatch.setattr(spec_decode, "COST_CHECK_S", 0.0)
+    service, _ = make_service(tiny_target, tiny_draft, build_dir=tmp_path)
+    path = calibration_path(tmp_path, "target")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"rows": [1, 64], "seconds": [1e-9, 1e-9]}')  # forwards priced at nothing
+    assert service.controller.overhead_s == 0.0
+    run_all(service, [request(PROMPTS[4], max_tokens=8)])
+    assert service.controller.overhead_s > 0  # so the rounds' whole time is overhead

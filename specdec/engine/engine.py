@@ -11,6 +11,7 @@ are concatenated into one set of rows.
 from __future__ import annotations
 
 import fcntl
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,6 +24,10 @@ from specdec import sampling, verify
 from specdec.engine.kv_slots import CacheFullError, SlotTable
 from specdec.engine.model import Llama
 from specdec.sampling import SamplingError, SamplingParams
+
+# Every row count a verification at low load can have, then sparser: on the CPU a forward's time
+# is a staircase (matmul blocks of rows), which interpolating between powers of two would hide.
+CALIBRATION_ROWS = (*range(1, 18), 24, 32, 48, 64)
 
 
 class RequestError(ValueError):
@@ -126,17 +131,22 @@ class Engine:
         self.generate([GenerationRequest(np.array([0, 1], dtype=np.int64), max_new_tokens=2, draft_ids=np.array([1]))])
         self.recent_forwards.clear()  # compilation time is no forward's cost
 
-    def calibrate(self, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 3) -> dict[str, list]:
-        """Seconds of one forward by number of rows (the best of `repeats`): the cost model the
-        spec_decode controller starts from. Uses a free slot and leaves it free."""
+    def calibrate(self, rows: tuple[int, ...] = CALIBRATION_ROWS, repeats: int = 5) -> dict[str, list]:
+        """Seconds of one forward by number of rows: the cost model the spec_decode controller
+        starts from. The best of `repeats` passes over all the counts, each pass under the lock
+        shared with the server's other engine: a slow spell (at a server's start, the other
+        engine loading) then falls on every count of a pass, not on a few counts only, which
+        would bend the shape the controller plans by. Uses a free slot and leaves it free."""
         rows = tuple(r for r in rows if r < self.max_seq_len)
         slot, _, key = self.slots.acquire("", np.zeros(1, dtype=np.int64), set())
-        seconds = []
+        seconds = [math.inf] * len(rows)
         try:
-            for n in rows:
-                args = [torch.arange(n, device=self.device) % self.vocab_size, torch.arange(n, device=self.device)]
-                args += [torch.full((n,), slot, device=self.device), torch.arange(n, device=self.device)]
-                seconds.append(min(self._forward(*args)[1] for _ in range(repeats)))
+            for _ in range(repeats):
+                with self.forward_lock:
+                    for i, n in enumerate(rows):
+                        args = [torch.arange(n, device=self.device) % self.vocab_size]
+                        args += [torch.arange(n, device=self.device), torch.full((n,), slot, device=self.device)]
+                        seconds[i] = min(seconds[i], self._timed_forward(*args, torch.arange(n, device=self.device))[1])
         finally:
             self.slots.release(key)
         return {"rows": list(rows), "seconds": seconds}
@@ -218,9 +228,12 @@ class Engine:
         """The model's forward under the lock shared with the server's other engine: its logits
         and its seconds (not counting the wait for the lock)."""
         with self.forward_lock:
-            start = time.perf_counter()
-            logits = self.model.forward(self.cache, *args)
-            return logits, time.perf_counter() - start
+            return self._timed_forward(*args)
+
+    def _timed_forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, float]:
+        start = time.perf_counter()
+        logits = self.model.forward(self.cache, *args)
+        return logits, time.perf_counter() - start
 
     def _step(self, seqs: list[_Seq], with_drafts: bool) -> None:
         """One forward over every pending sequence, then accept / sample its new tokens."""
