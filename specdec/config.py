@@ -222,6 +222,9 @@ class AdaptiveOptions(_Strict):
         0.5, description="assumed acceptance before a proposer has any history"
     )
     prior_weight: Annotated[float, Field(gt=0)] = Field(2.0, description="the prior counts as this many draft tokens")
+    next_prior_weight: Annotated[float, Field(gt=0)] = Field(
+        8.0, description="a request's next-token rate starts at its first-token rate, worth this many tokens"
+    )
     hysteresis: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.1, description="keep k while the deciding token's worth is within this fraction of the bar"
     )

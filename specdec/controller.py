@@ -34,8 +34,6 @@ import numpy as np
 
 from specdec.config import AdaptiveOptions
 
-THEN_PRIOR_WEIGHT = 8.0  # tokens of evidence the next-token rate's prior (the first-token rate) is worth
-
 
 def expected_tokens(first: float, then: float, k: int) -> float:
     """Tokens a round yields: accepted drafts plus the target's own, when the first draft token
@@ -158,7 +156,7 @@ class Controller:
     """A request's first-token rate is its own count shrunk toward its proposer's recent rate over
     all requests (worth options.prior_weight tokens): a new request starts from what the proposer
     does now. Its next-token rate is its own count shrunk toward its first-token rate, i.e.
-    Leviathan's single rate, by THEN_PRIOR_WEIGHT tokens: it leaves that only on evidence, which
+    Leviathan's single rate, by options.next_prior_weight tokens: it leaves that only on evidence, which
     copies bring fast (several next tokens a round) and short drafts slowly (one-token drafts say
     nothing of the next tokens). Per request, because code and copy-edits copy long spans while
     answers and summaries copy short ones: one next-token rate for all overdrafted the latter."""
@@ -184,7 +182,7 @@ class Controller:
         """The request's (first-token, next-token) acceptance estimates."""
         state = self.requests[key]
         first = state.drafts.first.estimate(self.proposer_rate(state.proposer), self.options.prior_weight)
-        return first, state.drafts.next.estimate(first, THEN_PRIOR_WEIGHT)
+        return first, state.drafts.next.estimate(first, self.options.next_prior_weight)
 
     def proposer_rate(self, proposer: str) -> float:
         """The first-token rate of the proposer's recent drafts over all requests."""
