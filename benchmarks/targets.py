@@ -13,9 +13,9 @@
    same comparison for an A/A arm (prompt lookup's path with drafting off, `ngram:0`: the
    baseline's work) says how far two identical arms drift apart in this run, by chance and by
    the shared machine: the yardstick for a ratio near 1.
-The arms take turns in blocks of C requests on one server (specdec.client.loadgen), at least two
-blocks per arm in a rotating order; all texts are compared with the baseline's (greedy). Writes
-targets.md and targets.json.
+The arms take turns in blocks of C requests on one server (specdec.client.loadgen), four blocks
+per arm from C = 2 on (eight of one request at C = 1), in a rotating order; all texts are
+compared with the baseline's (greedy). Writes targets.md and targets.json.
 
 Held-out prompts: --grounded and --open take a .jsonl file each (one {"text": ...} object a line,
 as `specdec bench --workload`) in place of the built-in grounded and chat workloads.
@@ -75,9 +75,10 @@ def sweep(server: TritonServer, role: str, workload: str, concurrency: int, max_
         arms=(BASELINE, NGRAM, SAME_AS_BASELINE),
         loads=(Load(concurrency=concurrency),),
         workloads=(workload,),
-        num_requests=max(8, 2 * concurrency),
-        # blocks of C requests: at least two per arm, in rotating order (A B C, B C A), so that
-        # a drift of the shared machine falls on every arm
+        num_requests=max(8, 4 * concurrency),
+        # blocks of C requests, four per arm, in rotating order (A B C, B C A, C A B, A B C), so
+        # that a drift of the shared machine falls on every arm; with two, identical arms (A/A)
+        # had differed by up to 8% at C = 16 (single blocks of 16 to 64 requests vary by 3-4%)
         block_size=concurrency,
         warmup=1,
         workload_options=options,
