@@ -3,7 +3,7 @@
 Shapes (B sequences, K = the longest draft in the batch, V vocabulary):
     draft_ids      (B, K)      int64, padded past num_draft[b] with any valid id
     num_draft      (B,)        int64, 0 <= num_draft[b] <= K
-    target_logits  (B, K+1, V) greedy: the target's logits at each draft position and one more
+    target_ids     (B, K+1)    greedy: the target's argmax at each draft position and one more
     target_probs   (B, K+1, V) sampling: p after temperature / top-k / top-p
     draft_probs    (B, K, V)   sampling with a stochastic proposer: q, same processing; None
                                for a deterministic proposer (q is one-hot on the draft token)
@@ -56,10 +56,11 @@ def _assemble(draft_ids: torch.Tensor, num_draft: torch.Tensor, accepted: torch.
     return Verdict(num_accepted=num_accepted, tokens=tokens)
 
 
-def greedy_verify(target_logits: torch.Tensor, draft_ids: torch.Tensor, num_draft: torch.Tensor) -> Verdict:
-    """Temperature 0: accept while the draft equals the target's argmax, then emit the argmax."""
-    best = target_logits.argmax(dim=-1)  # (B, K+1)
-    return _assemble(draft_ids, num_draft, draft_ids == best[:, :-1], best)
+def greedy_verify(target_ids: torch.Tensor, draft_ids: torch.Tensor, num_draft: torch.Tensor) -> Verdict:
+    """Temperature 0: accept while the draft equals the target's argmax, then emit the argmax.
+    (The argmax, not the logits: the caller takes it over its rows as they are, with no (B, K+1,
+    V) copy.)"""
+    return _assemble(draft_ids, num_draft, draft_ids == target_ids[:, :-1], target_ids)
 
 
 def rejection_sample(

@@ -85,6 +85,26 @@ def reference_greedy(engine: Engine, prompt, n) -> list[int]:
     return seq[len(prompt) :]
 
 
+def test_one_engine_call_verifies_each_sequence_as_if_alone(service):
+    """A batch of greedy sequences with drafts of different lengths (all right, wrong from the
+    second token, none) and a sampled one: each gets the tokens it gets alone."""
+    _, engines = service
+    target = engines["target"]
+    prompts = PROMPTS[:4]
+    truth = [reference_greedy(target, p, 5) for p in prompts]
+    drafts = [truth[0][:4], [truth[1][0], (truth[1][1] + 1) % 64, truth[1][2]], [], truth[3][:1]]
+    calls = [
+        GenerationRequest(np.array(p), max_new_tokens=len(d) + 1, draft_ids=np.array(d, dtype=np.int64))
+        for p, d in zip(prompts, drafts, strict=True)
+    ]
+    calls.append(GenerationRequest(np.array(PROMPTS[4]), max_new_tokens=2, sampling=SamplingParams(0.8, 0, 1.0, 7)))
+    alone = [target.generate([c])[0] for c in calls]
+    together = target.generate(calls)
+    assert [r.tokens.tolist() for r in together] == [r.tokens.tolist() for r in alone]
+    assert [r.num_accepted for r in together] == [4, 1, 0, 1, 0]
+    assert together[0].tokens.tolist() == truth[0][:5] and together[1].tokens.tolist() == truth[1][:2]
+
+
 def test_greedy_is_exact_for_every_proposer_and_draft_length(service):
     svc, engines = service
     baseline = run_all(svc, [request(p, k=0, proposer="none") for p in PROMPTS])

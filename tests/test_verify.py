@@ -18,7 +18,7 @@ def test_greedy_accepts_the_matching_prefix_then_corrects():
     logits = torch.zeros(1, 4, 10)
     for pos, tok in enumerate([3, 5, 7, 9]):
         logits[0, pos, tok] = 1.0
-    v = verify.greedy_verify(logits, torch.tensor([[3, 5, 2]]), torch.tensor([3]))
+    v = verify.greedy_verify(logits.argmax(-1), torch.tensor([[3, 5, 2]]), torch.tensor([3]))
     assert v.emitted(0) == [3, 5, 7]  # 2 rejected, target's 7 instead
 
 
@@ -26,7 +26,7 @@ def test_greedy_all_accepted_adds_the_bonus_token():
     logits = torch.zeros(1, 3, 10)
     for pos, tok in enumerate([1, 2, 8]):
         logits[0, pos, tok] = 1.0
-    v = verify.greedy_verify(logits, torch.tensor([[1, 2]]), torch.tensor([2]))
+    v = verify.greedy_verify(logits.argmax(-1), torch.tensor([[1, 2]]), torch.tensor([2]))
     assert v.emitted(0) == [1, 2, 8] and int(v.num_accepted[0]) == 2
 
 
@@ -36,7 +36,7 @@ def test_padded_rows_use_their_own_draft_length():
     for b, toks in enumerate([[4, 4, 6], [4, 5, 6]]):
         for pos, tok in enumerate(toks):
             logits[b, pos, tok] = 1.0
-    v = verify.greedy_verify(logits, torch.tensor([[4, 4], [4, 5]]), torch.tensor([2, 1]))
+    v = verify.greedy_verify(logits.argmax(-1), torch.tensor([[4, 4], [4, 5]]), torch.tensor([2, 1]))
     assert v.emitted(0) == [4, 4, 6]
     assert v.emitted(1) == [4, 5]  # 4 accepted, then the bonus at position 1, not the padding
     assert v.tokens[1, 2] == -1
@@ -45,7 +45,7 @@ def test_padded_rows_use_their_own_draft_length():
 def test_no_draft_is_a_plain_step():
     logits = torch.zeros(1, 1, 10)
     logits[0, 0, 6] = 1.0
-    v = verify.greedy_verify(logits, torch.zeros(1, 0, dtype=torch.int64), torch.tensor([0]))
+    v = verify.greedy_verify(logits.argmax(-1), torch.zeros(1, 0, dtype=torch.int64), torch.tensor([0]))
     assert v.emitted(0) == [6]
 
 

@@ -168,7 +168,7 @@ class Engine:
                 results[i] = err
                 continue
             busy.add(slot)
-            ids = [int(t) for t in req.input_ids]
+            ids = np.asarray(req.input_ids).tolist()
             seqs.append(_Seq(i, req, slot, key, reused, ids, cached=reused))
 
         first = True
@@ -261,28 +261,44 @@ class Engine:
 
         logits, seconds = self._forward(tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows))
         self.recent_forwards.append((len(tokens), seconds))
-        offset = 0
-        for s, d in zip(seqs, drafts, strict=True):
-            rows = logits[offset : offset + len(d) + 1]
-            offset += len(d) + 1
-            verdict = self._verify(s, rows, d)
-            emitted = verdict.emitted(0)
-            s.num_accepted += int(verdict.num_accepted[0])
-            s.cached = len(s.tokens) + int(verdict.num_accepted[0])  # rejected drafts' cache is stale
+        starts = np.cumsum([0] + [len(d) + 1 for d in drafts])[:-1]  # each sequence's first logit row
+        greedy = [i for i, s in enumerate(seqs) if s.req.sampling.greedy]
+        verified = self._verify_greedy(logits, starts[greedy], [drafts[i] for i in greedy])
+        verdicts = dict(zip(greedy, verified, strict=True))
+        for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)):
+            rows = logits[starts[i] : starts[i] + len(d) + 1]
+            emitted, accepted = verdicts[i] if i in verdicts else self._verify_sampled(s, rows, d)
+            s.num_accepted += accepted
+            s.cached = len(s.tokens) + accepted  # rejected drafts' cache is stale
             self._emit(s, emitted, rows)
 
-    def _verify(self, s: _Seq, rows: torch.Tensor, d: list[int]) -> verify.Verdict:
+    def _verify_greedy(
+        self, logits: torch.Tensor, starts: np.ndarray, drafts: list[list[int]]
+    ) -> list[tuple[list[int], int]]:
+        """(emitted tokens, accepted drafts) of each greedy sequence, in one verification for all
+        of them: per sequence the small tensor ops cost more than its share of the forward."""
+        if not drafts:
+            return []
+        width = max(map(len, drafts))
+        num_draft = torch.tensor([len(d) for d in drafts], device=self.device)
+        draft = torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.int64, device=self.device)
+        # (B, K+1) logit rows: each sequence's own, its last repeated past its draft (never read)
+        rows = torch.as_tensor(starts, device=self.device)[:, None] + torch.minimum(
+            torch.arange(width + 1, device=self.device)[None, :], num_draft[:, None]
+        )
+        verdict = verify.greedy_verify(logits.argmax(dim=-1)[rows], draft, num_draft)
+        return [(verdict.emitted(b), int(verdict.num_accepted[b])) for b in range(len(drafts))]
+
+    def _verify_sampled(self, s: _Seq, rows: torch.Tensor, d: list[int]) -> tuple[list[int], int]:
         draft = torch.tensor([d], dtype=torch.int64, device=self.device)
         num_draft = torch.tensor([len(d)], device=self.device)
         params = s.req.sampling
-        if params.greedy:
-            return verify.greedy_verify(rows[None], draft, num_draft)
         first_pos = len(s.tokens)  # absolute position of the first token this step emits
         positions = list(range(first_pos, first_pos + len(d) + 1))
         q = None
         if d and s.req.draft_logits is not None:
             q = sampling.probs(torch.as_tensor(s.req.draft_logits, device=self.device), params)[None]
-        return verify.rejection_sample(
+        verdict = verify.rejection_sample(
             sampling.probs(rows, params)[None],
             draft,
             num_draft,
@@ -290,6 +306,7 @@ class Engine:
             sampling.uniform_noise(params.seed, positions[:-1], self.device)[None],
             sampling.exponential_noise(params.seed, positions, self.vocab_size, self.device)[None],
         )
+        return verdict.emitted(0), int(verdict.num_accepted[0])
 
     def _emit(self, s: _Seq, emitted: list[int], rows: torch.Tensor) -> None:
         """Append tokens until the end id or the requested count; later ones are dropped."""
