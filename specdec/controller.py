@@ -35,14 +35,12 @@ import numpy as np
 from specdec.config import AdaptiveOptions
 
 
-def expected_tokens(first: float, then: float, k: int) -> float:
-    """Tokens a round yields: accepted drafts plus the target's own, when the first draft token
-    is accepted with probability `first` and each next one, after an accepted one, with `then`."""
-    if k <= 0:
-        return 1.0
-    if then >= 1.0:
-        return 1.0 + first * k
-    return 1.0 + first * (1.0 - then**k) / (1.0 - then)
+def token_values(first: np.ndarray, then: np.ndarray, width: int) -> np.ndarray:
+    """(requests, width): the expected tokens each draft token brings, when a request's first
+    draft token is accepted with probability `first` and each next one, after an accepted one,
+    with `then`: the j-th (from 0) counts iff it and all before it are accepted, first * then^j.
+    A round of k draft tokens yields 1 + the sum of the first k, E(k) above."""
+    return first[:, None] * then[:, None] ** np.arange(width)
 
 
 @dataclass
@@ -241,9 +239,8 @@ class Controller:
         limits = np.array([s.limit for s in states])
         width = int(limits.max())
         first, then = np.array([self.rates(k) for k in keys]).T
-        position = np.arange(width)
-        values = first[:, None] * then[:, None] ** position  # (requests, width)
-        values[position >= limits[:, None]] = 0.0
+        values = token_values(first, then, width)
+        values[np.arange(width) >= limits[:, None]] = 0.0
         order = np.argsort(-values, axis=None, kind="stable")[: int(limits.sum())]  # draft tokens by worth
         owner, j = np.divmod(order, width)
         tokens = len(keys) + np.concatenate(([0.0], np.cumsum(values.ravel()[order])))

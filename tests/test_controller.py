@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from specdec.config import AdaptiveOptions
-from specdec.controller import Controller, ForwardCost, Rate, expected_tokens
+from specdec.controller import Controller, ForwardCost, Rate, token_values
 
 ROWS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -51,6 +52,11 @@ def settle(
                 accepted += 1
             ctl.observe(key, k, accepted)
     return ks
+
+
+def expected_tokens(first: float, then: float, k: int) -> float:
+    """Tokens a round of k draft tokens yields by the controller's values: its own plus theirs."""
+    return 1.0 + float(token_values(np.array([first]), np.array([then]), k).sum())
 
 
 def test_expected_tokens_follows_leviathan_and_two_rates():
