@@ -106,11 +106,44 @@ def test_rmsnorm_rows_independent_and_correct(data, rows):
     np.testing.assert_allclose(together, ref, rtol=1e-5, atol=1e-5)
 
 
+def _attention(q, keys, values, slots, positions):
+    """kernels.attention over caches given as (S, G, T, Dh), the keys re-laid in its tiles."""
+    s, g, t, dh = keys.shape
+    tiles = np.ascontiguousarray(keys.reshape(s, g, t // kernels.TILE, kernels.TILE, dh).transpose(0, 1, 2, 4, 3))
+    out = np.empty((len(q), q.shape[1] * dh), np.float32)
+    kernels.attention(q, tiles, values, np.asarray(slots), np.asarray(positions), out)
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [kernels.LANES, 3 * kernels.LANES, 64])
+def test_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_dim):
+    """A prefill spanning several key tiles, a 9-row verification and a decode row in one call:
+    each row the same bits as alone, and softmax(q k / sqrt(Dh)) v over its own positions."""
+    g = np.random.default_rng(1)
+    n_slots, n_kv, n_heads, length = 3, 2, 6, 128
+    keys, values = (g.standard_normal((n_slots, n_kv, length, head_dim), dtype=np.float32) for _ in range(2))
+    slots = np.array([0] * 70 + [1] * 9 + [2])
+    positions = np.array([*range(70), *range(40, 49), 100])
+    q = g.standard_normal((len(slots), n_heads, head_dim), dtype=np.float32) * 2
+    together = _attention(q, keys, values, slots, positions)
+    alone = np.concatenate([_attention(q[i : i + 1], keys, values, slots[i : i + 1], positions[i : i + 1])
+                            for i in range(len(q))])  # fmt: skip
+    assert np.array_equal(together, alone)
+    want = np.empty((len(q), n_heads, head_dim))
+    for m, (s, pos) in enumerate(zip(slots, positions, strict=True)):
+        for h in range(n_heads):
+            kv = h // (n_heads // n_kv)
+            scores = keys[s, kv, : pos + 1].astype(np.float64) @ q[m, h] / np.sqrt(head_dim)
+            p = np.exp(scores - scores.max())
+            want[m, h] = p / p.sum() @ values[s, kv, : pos + 1]
+    np.testing.assert_allclose(together, want.reshape(len(q), -1), rtol=1e-5, atol=1e-5)
+
+
 def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target):
     """Prefill + a k-row verification in one call, mixed with another sequence, gives the same
     logits as decoding each token alone: the property greedy exactness stands on."""
     model = Llama(tiny_target)
-    tokens = torch.tensor([5, 17, 3, 88, 41, 9, 60, 2, 33, 71], dtype=torch.int64)
+    tokens = torch.randint(0, 96, (45,), generator=torch.Generator().manual_seed(0))  # past a tile of keys
     n = len(tokens)
 
     alone = model.new_cache(2, 64)
@@ -123,10 +156,10 @@ def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target):
 
     batched = model.new_cache(3, 64)
     other = torch.tensor([7, 7, 7, 7], dtype=torch.int64)  # another sequence in the same forward
-    rows = torch.cat([tokens[:6], other, tokens[6:]])
-    positions = torch.cat([torch.arange(6), torch.arange(4), torch.arange(6, n)])
-    slots = torch.tensor([1] * 6 + [2] * 4 + [1] * (n - 6))
-    want = torch.tensor([*range(6), *range(10, 10 + n - 6)])
+    rows = torch.cat([tokens[:36], other, tokens[36:]])
+    positions = torch.cat([torch.arange(36), torch.arange(4), torch.arange(36, n)])
+    slots = torch.tensor([1] * 36 + [2] * 4 + [1] * (n - 36))
+    want = torch.tensor([*range(36), *range(40, 40 + n - 36)])
     together = model.forward(batched, rows, positions, slots, want)
     assert torch.equal(together, one_by_one)
 

@@ -9,7 +9,8 @@ instruction sequence whatever M is and whichever other rows share the call, so a
 depends only on its own inputs; tests/test_kernels.py checks that bit for bit.
 
 The matrix product sums each dot product in order with fused multiply-adds, vectorized across
-output features (matmul). The other kernels give LLVM reassociation + contraction inside one row
+output features (matmul); attention's two products (queries by keys, probabilities by values)
+are the same code. The other kernels give LLVM reassociation + contraction inside one row
 reduction ({"reassoc", "contract"}): it vectorises the reduction in a fixed order decided at
 compile time, never by the data or the batch.
 """
@@ -29,10 +30,39 @@ _FAST = {"reassoc", "contract"}
 # The matmul block's shape by register file (the results do not depend on it: every output is
 # the same in-order sum): AVX-512 has 32 registers of 16 floats, AVX2 16 of 8.
 _AVX512 = bool(get_host_cpu_features().get("avx512f"))
-_LANES = 16 if _AVX512 else 8  # float32 lanes of a vector register
-TILE = 2 * _LANES  # output features a matmul tile computes together
+LANES = 16 if _AVX512 else 8  # float32 lanes of a vector register
+TILE = 2 * LANES  # output features a matmul tile computes together
 _BLOCK = 8 if _AVX512 else 4  # rows a block takes at most: 3 x _BLOCK + 2 registers in use
-_EXP2 = (2.0 ** np.arange(-126, 128)).astype(np.float32)  # 2^n for the n that _exp meets
+
+
+@intrinsic
+def _pow2(typingctx, n):
+    """2.0 ** n in float32 for an int32 n in [-126, 127]: its exponent field, set directly (a
+    table of the powers costs a gather per vector, which was the softmax's main cost)."""
+    if n != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        return builder.bitcast(builder.shl(builder.add(args[0], ir.Constant(i32, 127)), ir.Constant(i32, 23)),
+                               ir.FloatType())  # fmt: skip
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def _fmax(typingctx, a, b):
+    """max(a, b) of two float32 as llvm.maxnum, a maximum LLVM vectorizes in a loop (Python's
+    max, a compare and select, it leaves one element at a time)."""
+    if a != types.float32 or b != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        return builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32]),
+                                                           "llvm.maxnum.f32"), args)  # fmt: skip
+
+    return types.float32(types.float32, types.float32), codegen
 
 
 @njit(fastmath=_FAST, inline="always")
@@ -51,36 +81,36 @@ def _exp(x):  # pragma: no cover - compiled
     p = p * r + np.float32(0.5)
     p = p * r + np.float32(1.0)
     p = p * r + np.float32(1.0)
-    return p * _EXP2[min(max(np.int32(n) + 126, 0), 253)]  # the bound also keeps a NaN in the table
+    # a NaN x makes n any integer: the bound keeps 2^n a number, and the NaN shows through p
+    return p * _pow2(np.int32(min(max(np.int32(n), np.int32(-126)), np.int32(127))))
 
 
-def _emit_block(builder, fma, x_data, w_tile, out_data, m0, k_dim, n_out, col, accumulate, rows: int) -> None:
-    """LLVM IR for out[m0 : m0 + rows, col : col + TILE] (+)= x[m0 : m0 + rows] @ w_tile."""
+def _emit_block(builder, fma, x_rows, k_dim, w_data, w_stride, out_rows, accumulate, halves: int) -> None:
+    """LLVM IR for out_rows[r][: halves * LANES] (+)= sum over k < k_dim of x_rows[r][k] * w[k]
+    for each row r, with w[k] the halves vectors at w_data + k * w_stride."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
     vec = fma.function_type.return_type
-    halves = TILE // _LANES
 
     def const(v):
         return ir.Constant(i64, v)
 
-    x_rows = [builder.gep(x_data, [builder.mul(builder.add(m0, const(r)), k_dim)]) for r in range(rows)]
-    zero = ir.Constant(vec, [0.0] * _LANES)
+    zero = ir.Constant(vec, [0.0] * LANES)
     entry = builder.block
     loop, done = builder.append_basic_block("k_loop"), builder.append_basic_block("k_done")
     builder.cbranch(builder.icmp_signed(">", k_dim, const(0)), loop, done)
 
     builder.position_at_end(loop)
     k = builder.phi(i64)
-    acc = [builder.phi(vec) for _ in range(rows * halves)]
-    w_row = builder.gep(w_tile, [builder.mul(k, const(TILE))])
-    w_vec = [builder.load(builder.bitcast(builder.gep(w_row, [const(h * _LANES)]), vec.as_pointer()), align=4)
+    acc = [builder.phi(vec) for _ in range(len(x_rows) * halves)]
+    w_row = builder.gep(w_data, [builder.mul(k, w_stride)])
+    w_vec = [builder.load(builder.bitcast(builder.gep(w_row, [const(h * LANES)]), vec.as_pointer()), align=4)
              for h in range(halves)]  # fmt: skip
     summed = []
-    for r in range(rows):
-        one = builder.insert_element(ir.Constant(vec, ir.Undefined), builder.load(builder.gep(x_rows[r], [k])),
+    for r, x_row in enumerate(x_rows):
+        one = builder.insert_element(ir.Constant(vec, ir.Undefined), builder.load(builder.gep(x_row, [k])),
                                      ir.Constant(i32, 0))  # fmt: skip
         x_vec = builder.shuffle_vector(
-            one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
+            one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
         )
         summed += [builder.call(fma, [x_vec, w_vec[h], acc[r * halves + h]]) for h in range(halves)]
     k_next = builder.add(k, const(1))
@@ -100,53 +130,67 @@ def _emit_block(builder, fma, x_data, w_tile, out_data, m0, k_dim, n_out, col, a
         totals.append(total)
     for i, total in enumerate(totals):
         r, h = divmod(i, halves)
-        row = builder.gep(out_data, [builder.add(builder.mul(builder.add(m0, const(r)), n_out), col)])
-        ptr = builder.bitcast(builder.gep(row, [const(h * _LANES)]), vec.as_pointer())
+        ptr = builder.bitcast(builder.gep(out_rows[r], [const(h * LANES)]), vec.as_pointer())
         added = builder.fadd(builder.load(ptr, align=4), total)
         builder.store(builder.select(accumulate, added, total), ptr, align=4)
 
 
 @intrinsic
-def _block(typingctx, x, w, out, m0, rows, t, col, accumulate):
-    """out[m0 : m0 + rows, col : col + TILE] (+)= x[m0 : m0 + rows] @ w[t], 1 <= rows <= _BLOCK.
+def _block(typingctx, x, m0, rows, k_dim, w, w_col, out, out_col, accumulate):
+    """out[m0 + r, out_col : out_col + n] (+)= sum over k < k_dim of x[m0 + r, k] * w[k, w_col :
+    w_col + n] for r < rows <= _BLOCK, n = TILE or (the last columns of a narrow w) LANES.
 
     Written in LLVM IR because numba cannot keep vector accumulators in registers: for each k,
-    one TILE-wide row of the packed weight tile is loaded once and, for each of the rows, x[m, k]
-    broadcast and fused-multiply-added into that row's accumulators (llvm.fma: one rounding).
-    One block of code per row count, chosen by a switch."""
-    if any(a.layout != "C" for a in (x, w, out)):
-        return None  # the code below steps through rows by their length: C-contiguous only
+    the n-wide row of w is loaded once and, for each of the rows, x[m, k] broadcast and
+    fused-multiply-added into that row's accumulators (llvm.fma: one rounding), in order of k.
+    One block of code per row count and width, chosen by a switch."""
+    if any(a.layout != "C" or a.ndim != 2 for a in (x, w, out)):
+        return None  # the code below steps through rows by their length: 2-D C-contiguous only
 
     def codegen(context, builder, signature, args):
-        x_arr, w_arr, out_arr = (
-            context.make_array(ty)(context, builder, a) for ty, a in zip(signature.args[:3], args[:3], strict=True)
-        )
+        x_arr, w_arr, out_arr = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 4, 6))
         i64 = ir.IntType(64)
-        m0_v, rows_v, t_v, col_v = (v if v.type == i64 else builder.sext(v, i64) for v in args[3:7])
-        vec = ir.VectorType(ir.FloatType(), _LANES)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{_LANES}f32")
-        k_dim = builder.extract_value(x_arr.shape, 1)
-        n_out = builder.extract_value(out_arr.shape, 1)
-        w_tile = builder.gep(w_arr.data, [builder.mul(builder.mul(t_v, k_dim), ir.Constant(i64, TILE))])
+        m0_v, rows_v, k_dim_v, w_col_v, out_col_v = (
+            args[i] if args[i].type == i64 else builder.sext(args[i], i64) for i in (1, 2, 3, 5, 7)
+        )
+        vec = ir.VectorType(ir.FloatType(), LANES)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{LANES}f32")
+
+        def row_stride(arr):
+            return builder.extract_value(arr.shape, 1)
+
+        w_width = row_stride(w_arr)
+        halves_v = builder.select(builder.icmp_signed(">=", builder.sub(w_width, w_col_v), ir.Constant(i64, TILE)),
+                                  ir.Constant(i64, TILE // LANES), ir.Constant(i64, 1))  # fmt: skip
+        w_data = builder.gep(w_arr.data, [w_col_v])
         after = builder.append_basic_block("blocks_done")
-        switch = builder.switch(rows_v, after)
+        switch = builder.switch(builder.add(builder.mul(rows_v, ir.Constant(i64, 4)), halves_v), after)
         for rows in range(1, _BLOCK + 1):
-            case = builder.append_basic_block(f"rows_{rows}")
-            switch.add_case(ir.Constant(i64, rows), case)
-            builder.position_at_end(case)
-            _emit_block(builder, fma, x_arr.data, w_tile, out_arr.data, m0_v, k_dim, n_out, col_v, args[7], rows)
-            builder.branch(after)
+            for halves in sorted({1, TILE // LANES}):
+                case = builder.append_basic_block(f"rows_{rows}_{halves}")
+                switch.add_case(ir.Constant(i64, rows * 4 + halves), case)
+                builder.position_at_end(case)
+
+                def row(arr, col, r):
+                    index = builder.add(builder.mul(builder.add(m0_v, ir.Constant(i64, r)), row_stride(arr)), col)
+                    return builder.gep(arr.data, [index])
+
+                x_rows = [row(x_arr, ir.Constant(i64, 0), r) for r in range(rows)]
+                out_rows = [row(out_arr, out_col_v, r) for r in range(rows)]
+                _emit_block(builder, fma, x_rows, k_dim_v, w_data, w_width, out_rows, args[8], halves)
+                builder.branch(after)
         builder.position_at_end(after)
         return context.get_dummy_value()
 
-    return types.void(x, w, out, m0, rows, t, col, accumulate), codegen
+    return types.void(x, m0, rows, k_dim, w, w_col, out, out_col, accumulate), codegen
 
 
 @njit(inline="always")
-def _tile(x, w, out, t, col, accumulate):  # pragma: no cover - compiled
-    """out[:, col : col + TILE] (+)= x @ (tile t of W).T, _BLOCK rows at a time."""
-    for m in range(0, x.shape[0], _BLOCK):
-        _block(x, w, out, m, min(_BLOCK, x.shape[0] - m), t, col, accumulate)
+def _product(x, rows, k_dim, w, w_col, out, out_col, accumulate):  # pragma: no cover - compiled
+    """out[:rows, out_col : out_col + n] (+)= x[:rows, :k_dim] @ w[:k_dim, w_col : w_col + n], n as
+    _block, _BLOCK rows at a time."""
+    for m in range(0, rows, _BLOCK):
+        _block(x, m, min(_BLOCK, rows - m), k_dim, w, w_col, out, out_col, accumulate)
 
 
 @njit(parallel=True, cache=True)
@@ -167,10 +211,10 @@ def matmul(x, w, out, accumulate):  # pragma: no cover - compiled
     whole = n_out // TILE
     for t in prange(w.shape[0]):
         if t < whole:
-            _tile(x, w, out, t, t * TILE, accumulate)
+            _product(x, x.shape[0], x.shape[1], w[t], 0, out, t * TILE, accumulate)
         else:  # the last tile of an N that is no multiple of TILE, through a buffer
             part = np.empty((x.shape[0], TILE), dtype=np.float32)
-            _tile(x, w, part, t, 0, False)
+            _product(x, x.shape[0], x.shape[1], w[t], 0, part, 0, False)
             for m in range(x.shape[0]):
                 for j in range(n_out - t * TILE):
                     out[m, t * TILE + j] = out[m, t * TILE + j] + part[m, j] if accumulate else part[m, j]
@@ -200,11 +244,12 @@ def rmsnorm(x, weight, eps, out):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, fastmath=_FAST, cache=True)
-def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_cache, v_cache):  # pragma: no cover
+def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_tiles, v_cache):  # pragma: no cover
     """Rotate q and k (half-split rotary, as Hugging Face Llama) and write k, v into the cache.
 
-    qkv: (M, (H + 2G) * Dh) fused projection output; cos/sin: (T, Dh/2);
-    positions, slots: (M,); q_out: (M, H, Dh); k_cache/v_cache: (S, G, T, Dh).
+    qkv: (M, (H + 2G) * Dh) fused projection output; cos/sin: (T, Dh/2); positions, slots: (M,);
+    q_out: (M, H, Dh); k_tiles: (S, G, T / TILE, Dh, TILE) (attention's layout); v_cache:
+    (S, G, T, Dh).
     """
     m_rows = qkv.shape[0]
     head_dim = q_out.shape[2]
@@ -214,6 +259,7 @@ def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_ca
     for m in prange(m_rows):
         pos = positions[m]
         s = slots[m]
+        tile, lane = pos // TILE, pos % TILE
         for h in range(n_heads):
             base = h * head_dim
             for i in range(half):
@@ -226,61 +272,93 @@ def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_ca
             for i in range(half):
                 a = qkv[m, base + i]
                 b = qkv[m, base + half + i]
-                k_cache[s, g, pos, i] = a * cos[pos, i] - b * sin[pos, i]
-                k_cache[s, g, pos, half + i] = b * cos[pos, i] + a * sin[pos, i]
+                k_tiles[s, g, tile, i, lane] = a * cos[pos, i] - b * sin[pos, i]
+                k_tiles[s, g, tile, half + i, lane] = b * cos[pos, i] + a * sin[pos, i]
             vbase = v_off + g * head_dim
             for i in range(head_dim):
                 v_cache[s, g, pos, i] = qkv[m, vbase + i]
 
 
+ATTENTION_ROWS = 8  # rows of one sequence whose queries share each load of a key or value
+
+
+@njit(cache=True)
+def _row_blocks(slots, positions, most):  # pragma: no cover - compiled
+    """Bounds of blocks of rows: each run of one sequence's consecutive positions split into
+    equal blocks of at most `most` rows (9 rows: 5 and 4, two equal shares for two threads).
+    Block b is rows starts[b] : starts[b + 1]."""
+    starts = np.empty(len(slots) + 1, dtype=np.int64)
+    n = 0
+    run = 0
+    for m in range(len(slots) + 1):
+        if m == len(slots) or (m > 0 and (slots[m] != slots[m - 1] or positions[m] != positions[m - 1] + 1)):
+            blocks = (m - run + most - 1) // most
+            for b in range(blocks):
+                starts[n] = run + (m - run) * b // blocks
+                n += 1
+            run = m
+    starts[n] = len(slots)
+    return starts[: n + 1]
+
+
 @njit(parallel=True, fastmath=_FAST, cache=True)
-def attention(q, k_cache, v_cache, slots, positions, out):  # pragma: no cover - compiled
+def attention(q, k_tiles, v_cache, slots, positions, out):  # pragma: no cover - compiled
     """Causal attention of each row over its own sequence's cache, positions 0..pos inclusive.
 
-    q: (M, H, Dh); caches: (S, G, T, Dh); out: (M, H * Dh). Grouped-query: head h reads kv head
-    h // (H / G). Each (row, head) is independent, so any batch gives the same bits per row.
+    q: (M, H, Dh); k_tiles: (S, G, T / TILE, Dh, TILE); v_cache: (S, G, T, Dh); out: (M, H * Dh).
+    Grouped-query: head h reads kv head h // (H / G).
+
+    A run of up to ATTENTION_ROWS rows of one sequence and the H / G query heads of a kv head
+    go together, as the rows of two products with _block: scores = queries @ keys tile by tile
+    (each key's Dh terms in order), then out = probabilities @ values (each position in order),
+    every key and value loaded once for all of them. A row's probabilities past its own
+    position are zeros, which leave its sums as they were: each row gets the same bits whatever
+    else shares its run.
     """
-    m_rows, n_heads, head_dim = q.shape
-    n_kv = k_cache.shape[1]
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    n_kv = k_tiles.shape[1]
     group = n_heads // n_kv
     scale = np.float32(1.0 / math.sqrt(head_dim))
-    for mh in prange(m_rows * n_heads):
-        m = mh // n_heads
-        h = mh % n_heads
-        g = h // group
-        s = slots[m]
-        length = positions[m] + 1
-        scores = np.empty(length, dtype=np.float32)
-        top = np.float32(-np.inf)
-        for t in range(length):
-            acc = np.float32(0.0)
+    starts = _row_blocks(slots, positions, ATTENTION_ROWS)
+    items = (len(starts) - 1) * n_kv
+    for i in prange(items):
+        # later runs of a prefill attend further: pair the i-th item from each end so that each
+        # thread's equal share of the range is an equal share of the work
+        item = i // 2 if i % 2 == 0 else items - 1 - i // 2
+        m0, m1 = starts[item // n_kv], starts[item // n_kv + 1]
+        g = item % n_kv
+        s = slots[m0]
+        length = positions[m1 - 1] + 1
+        n_q = (m1 - m0) * group
+        x = np.empty((n_q, head_dim), dtype=np.float32)
+        for r in range(n_q):
             for d in range(head_dim):
-                acc += q[m, h, d] * k_cache[s, g, t, d]
-            acc *= scale
-            scores[t] = acc
-            top = max(top, acc)
-        denom = np.float32(0.0)
-        for t in range(length):
-            e = _exp(scores[t] - top)
-            scores[t] = e
-            denom += e
-        inv = np.float32(1.0) / denom
-        for t in range(length):
-            scores[t] *= inv
-        # values four positions a step: the accumulator is read and written once per four
-        acc_v = np.zeros(head_dim, dtype=np.float32)
-        fours = length - length % 4
-        for t in range(0, fours, 4):
-            w0, w1, w2, w3 = scores[t], scores[t + 1], scores[t + 2], scores[t + 3]
+                x[r, d] = q[m0 + r // group, g * group + r % group, d] * scale
+        tiles = (length + TILE - 1) // TILE
+        p = np.empty((n_q, tiles * TILE), dtype=np.float32)
+        for t in range(tiles):
+            _product(x, n_q, head_dim, k_tiles[s, g, t], 0, p, t * TILE, False)
+        inv = np.empty(n_q, dtype=np.float32)  # 1 / each softmax's sum, applied to its output
+        for r in range(n_q):
+            own = positions[m0 + r // group] + 1
+            top = np.float32(-np.inf)
+            for t in range(own):
+                top = _fmax(top, p[r, t])
+            denom = np.float32(0.0)
+            for t in range(own):
+                e = _exp(p[r, t] - top)
+                p[r, t] = e
+                denom += e
+            inv[r] = np.float32(1.0) / denom
+            for t in range(own, length):
+                p[r, t] = np.float32(0.0)
+        values = np.empty((n_q, head_dim), dtype=np.float32)
+        for col in range(0, head_dim, TILE):
+            _product(p, n_q, length, v_cache[s, g], col, values, col, False)
+        for r in range(n_q):
+            h = g * group + r % group
             for d in range(head_dim):
-                acc_v[d] += (w0 * v_cache[s, g, t, d] + w1 * v_cache[s, g, t + 1, d]) + (
-                    w2 * v_cache[s, g, t + 2, d] + w3 * v_cache[s, g, t + 3, d]
-                )
-        for t in range(fours, length):
-            for d in range(head_dim):
-                acc_v[d] += scores[t] * v_cache[s, g, t, d]
-        for d in range(head_dim):
-            out[m, h * head_dim + d] = acc_v[d]
+                out[m0 + r // group, h * head_dim + d] = values[r, d] * inv[r]
 
 
 @njit(parallel=True, fastmath=_FAST, cache=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,7 +147,7 @@ class Llama:
         return sum(t.nbytes for t in tensors)
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
-        return KVCache(self.cfg, slots, max_len, self.device, self.dtype)
+        return KVCache(self.cfg, slots, max_len, self.device, self.dtype, self.ops.key_layout)
 
     @torch.inference_mode()
     def forward(
@@ -176,13 +177,17 @@ class Llama:
 
 
 class KVCache:
-    """Preallocated keys/values: (layers, slots, kv_heads, max_len, head_dim). Allocated with
+    """Preallocated keys/values: values (layers, slots, kv_heads, max_len, head_dim), keys
+    (layers, *key_layout(slots, kv_heads, max_len, head_dim)): the ops' layout. Allocated with
     torch.empty, so on CPU only the pages a sequence actually writes become resident."""
 
-    def __init__(self, cfg: LlamaConfig, slots: int, max_len: int, device: torch.device, dtype: torch.dtype):
-        shape = (cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+    def __init__(
+        self, cfg: LlamaConfig, slots: int, max_len: int, device: torch.device, dtype: torch.dtype,
+        key_layout: Callable[[int, int, int, int], tuple[int, ...]],
+    ):  # fmt: skip
+        kv_heads, layers = cfg.num_key_value_heads, cfg.num_hidden_layers
+        self.k = torch.empty(layers, *key_layout(slots, kv_heads, max_len, cfg.head_dim), device=device, dtype=dtype)
+        self.v = torch.empty(layers, slots, kv_heads, max_len, cfg.head_dim, device=device, dtype=dtype)
         self.max_len = max_len
         cos, sin = rope_tables(cfg, max_len)
         self.cos, self.sin = cos.to(device), sin.to(device)

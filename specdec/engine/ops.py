@@ -4,7 +4,8 @@ CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 on
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 Both write new keys/values into the cache before attention reads it, so rows of the same
 sequence in one call attend to each other causally. linear() takes its weight in the layout
-weight() made of the (N, K) matrix: the CPU kernel's tiles, the matrix itself for torch.
+weight() made of the (N, K) matrix: the CPU kernel's tiles, the matrix itself for torch; the
+key cache is laid out as key_layout() says (values are (slots, kv_heads, max_len, head_dim)).
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ Weight = torch.Tensor | PackedWeight  # what ops.weight() makes of an (N, K) mat
 
 
 class CpuOps:
+    @staticmethod
+    def key_layout(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[int, ...]:
+        """Keys in tiles of kernels.TILE positions, each tile position-minor: the layout in which
+        kernels.attention reads a tile of keys as the weight of a product."""
+        if head_dim % kernels.LANES:
+            raise ValueError(f"head_dim: the CPU engine needs a multiple of {kernels.LANES}, got {head_dim}")
+        return slots, kv_heads, -(-max_len // kernels.TILE), head_dim, kernels.TILE
+
     def embedding(self, table: Weight, tokens: torch.Tensor) -> torch.Tensor:
         """Rows of an embedding table, plain or packed by weight() (a tied lm_head)."""
         if isinstance(table, PackedWeight):
@@ -73,6 +82,10 @@ class CpuOps:
 
 
 class TorchOps:
+    @staticmethod
+    def key_layout(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[int, ...]:
+        return slots, kv_heads, max_len, head_dim
+
     def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return table[tokens]
 
