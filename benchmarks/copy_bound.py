@@ -70,7 +70,7 @@ def oracle_copy(context: np.ndarray, continuation: np.ndarray, k: int) -> np.nda
 
 def best_match(ngram: NgramProposer) -> Propose:
     def propose(context: np.ndarray, continuation: np.ndarray, k: int) -> np.ndarray:
-        drafts = [context[start : start + k] for start in ngram.matches(context)]
+        drafts = [context[start : start + k] for start in ngram.matches(context)[0]]
         return max(drafts, key=lambda d: accepted_length(d, continuation), default=context[:0])
 
     return propose

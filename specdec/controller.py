@@ -7,6 +7,14 @@ the built-in grounded prompts: 52% of first tokens accepted, then 83-97% of each
 accepted one), so the estimate keeps two rates, a1 for the first token and a for each next one,
 and E(k) = 1 + a1 (1 - a^k) / (1 - a), which is Leviathan's where the two are equal.
 
+A proposer that looks before it drafts tells how strong its evidence is: prompt lookup, the
+length of the suffix it matched. First tokens are counted by that length, because it decides
+them (built-in prompts, greedy outputs replayed with drafts of 8: after a 1-token match 22% of
+first tokens accepted on grounded prompts, 15% on chat; after a 4-token match 88% and 92%), so
+a round drafts long from a strong match and little or nothing from a weak one. (Replayed, with
+a draft row priced at 0.1 of a round: 1.67x over plain decoding at the best one length, 1.87x
+at the best length for each match length; chat 1.10x and 1.14x.)
+
 A round's cost is the target forward over all rows in flight, plus the draft model's steps when
 there is one, plus what a served round costs beyond its forwards whatever its rows (measured:
 observe_round()). The controller plans the draft lengths of all requests in flight that maximise the
@@ -119,23 +127,26 @@ class Rate:
 class Acceptance:
     """How drafts fared: a draft is accepted up to its first rejection, so `accepted` of `drafted`
     tokens is one trial of its first token, then accepted - 1 successes and (if the draft went
-    on) one failure of the tokens after an accepted one. Both counts forget at every round."""
+    on) one failure of the tokens after an accepted one. Counts forget at every round; those by
+    evidence at every round from that evidence (a strong match may come once in a while)."""
 
     first: Rate = field(default_factory=Rate)
     next: Rate = field(default_factory=Rate)
+    first_by_evidence: dict[int, Rate] = field(default_factory=dict)  # first tokens by the proposer's evidence
 
-    def observe(self, drafted: int, accepted: int, decay: float) -> None:
+    def observe(self, drafted: int, accepted: int, evidence: int | None, decay: float) -> None:
         self.first.observe(int(accepted > 0), 1, decay)
         hits = max(accepted - 1, 0)
         self.next.observe(hits, hits + int(0 < accepted < drafted), decay)
+        if evidence:
+            self.first_by_evidence.setdefault(evidence, Rate()).observe(int(accepted > 0), 1, decay)
 
 
 @dataclass
 class Plan:
     """Draft lengths for the next round of the requests in flight (Controller.plan())."""
 
-    k: dict[str, int]  # request -> draft length
-    values: dict[str, np.ndarray]  # request -> expected tokens each of its draft tokens brings
+    worth: float  # expected tokens of the least valuable draft token it drafts (inf: none)
     bar: float  # expected tokens one more draft row would have to bring to pay
     decisions_left: int  # decisions it serves before it is made again
 
@@ -146,6 +157,7 @@ class RequestState:
     limit: int  # the request's num_draft_tokens: the most it may draft
     drafts: Acceptance  # its own
     k: int = 0
+    evidence: int | None = None  # what its proposer found for the round being decided or run
     rounds_without_drafts: int = 0
 
 
@@ -157,12 +169,16 @@ class Controller:
     Leviathan's single rate, by options.next_prior_weight tokens: it leaves that only on evidence, which
     copies bring fast (several next tokens a round) and short drafts slowly (one-token drafts say
     nothing of the next tokens). Per request, because code and copy-edits copy long spans while
-    answers and summaries copy short ones: one next-token rate for all overdrafted the latter."""
+    answers and summaries copy short ones: one next-token rate for all overdrafted the latter.
+    Where the proposer gives evidence, the first-token rate is the request's own count for that
+    evidence, shrunk toward the proposer's recent rate for it over all requests, itself shrunk
+    toward the proposer's overall rate."""
 
     options: AdaptiveOptions
     target: ForwardCost | None = None
     draft: ForwardCost | None = None
     recent: dict[str, Rate] = field(default_factory=dict)  # proposer -> its drafts' first tokens, all requests
+    recent_by_evidence: dict[tuple[str, int], Rate] = field(default_factory=dict)  # (proposer, evidence) -> the same
     requests: dict[str, RequestState] = field(default_factory=dict)
     overhead_s: float = 0.0  # of a served round beyond its forwards: see observe_round()
     _plan: Plan | None = field(default=None, init=False, repr=False)  # made once a round: choose_k()
@@ -177,10 +193,17 @@ class Controller:
         self._plan = None
 
     def rates(self, key: str) -> tuple[float, float]:
-        """The request's (first-token, next-token) acceptance estimates."""
+        """The request's (first-token, next-token) acceptance estimates, for a draft from its
+        current evidence."""
         state = self.requests[key]
-        first = state.drafts.first.estimate(self.proposer_rate(state.proposer), self.options.prior_weight)
-        return first, state.drafts.next.estimate(first, self.options.next_prior_weight)
+        weight = self.options.prior_weight
+        first = state.drafts.first.estimate(self.proposer_rate(state.proposer), weight)
+        then = state.drafts.next.estimate(first, self.options.next_prior_weight)
+        if state.evidence:
+            proposer = self.recent_by_evidence.get((state.proposer, state.evidence), Rate())
+            prior = proposer.estimate(self.proposer_rate(state.proposer), weight)
+            first = state.drafts.first_by_evidence.get(state.evidence, Rate()).estimate(prior, weight)
+        return first, then
 
     def proposer_rate(self, proposer: str) -> float:
         """The first-token rate of the proposer's recent drafts over all requests."""
@@ -189,14 +212,18 @@ class Controller:
         return prior if recent is None else recent.estimate(prior, weight)
 
     # --- decisions --------------------------------------------------------------------------------
-    def choose_k(self, key: str, budget: int) -> int:
+    def choose_k(self, key: str, budget: int, evidence: int | None = None) -> int:
         """The draft length for the request's next round, at most `budget`: its part of the plan
-        for the whole next round. The plan is made again once per round (after as many decisions
-        as requests in flight) and whenever a request starts or ends: making it for every
-        decision cost ~0.1 ms each, milliseconds a round at 32 requests, on cores the forward
-        needs; the estimates move little within a round."""
+        for the whole next round. `evidence`: what the proposer found before drafting (prompt
+        lookup: the length of its match; 0: nothing to draft), None from one that finds out by
+        drafting. The plan is made again once per round (after as many decisions as requests in
+        flight) and whenever a request starts or ends: making it for every decision cost ~0.1 ms
+        each, milliseconds a round at 32 requests, on cores the forward needs. Each decision
+        takes its request's draft tokens worth as much as the plan's least valuable one, valued
+        with the evidence it has now (the plan had the evidence of its previous round)."""
         state = self.requests[key]
-        limit = min(state.limit, budget)
+        state.evidence = evidence
+        limit = 0 if evidence == 0 else min(state.limit, budget)
         if not self.options.enabled or limit <= 0 or self.target is None or state.proposer not in self.recent:
             state.k = limit  # (a proposer without a history drafts what was asked: the estimates need it)
             return limit
@@ -204,14 +231,13 @@ class Controller:
             self._plan = self.plan()
         plan = self._plan
         plan.decisions_left -= 1
-        k = min(plan.k[key], limit)
+        first, then = self.rates(key)
+        values = token_values(np.array([first]), np.array([then]), limit)[0]
+        k = int((values >= plan.worth).sum())  # values fall with the position in the draft
         # keep k while the token that would change it is worth about the bar: the estimates move
         # a little every round
         current = min(state.k, limit)
-        if (
-            abs(k - current) == 1
-            and abs(plan.values[key][min(k, current)] - plan.bar) <= self.options.hysteresis * plan.bar
-        ):
+        if abs(k - current) == 1 and abs(values[min(k, current)] - plan.bar) <= self.options.hysteresis * plan.bar:
             k = current
         k = max(k, min(self.options.min_draft_tokens, limit))
         if k == 0:
@@ -252,20 +278,24 @@ class Controller:
             batch = np.cumsum(drafting & (j == 0))
             seconds[1:] += steps * self.draft.times(np.maximum(batch, 1)) * (batch > 0)
         best = int(np.argmax(tokens / seconds))
-        counts = np.bincount(owner[:best], minlength=len(keys))
+        worth = float(values.ravel()[order[best - 1]]) if best else math.inf
         rows = len(keys) + best
         bar = tokens[best] / seconds[best] * (self.target.time(rows + 1) - self.target.time(rows))
-        return Plan(dict(zip(keys, counts.tolist(), strict=True)), dict(zip(keys, values, strict=True)), bar, len(keys))
+        return Plan(worth, bar, len(keys))
 
     # --- observations -----------------------------------------------------------------------------
     def observe(self, key: str, drafted: int, accepted: int) -> None:
+        """The round decided last for the request (with its evidence) drafted and got accepted."""
         state = self.requests.get(key)
         if state is None or not drafted:
             return
-        state.drafts.observe(drafted, accepted, 1.0 - self.options.ema_alpha)
+        state.drafts.observe(drafted, accepted, state.evidence, 1.0 - self.options.ema_alpha)
         # the proposer's counts forget at the same pace per round, however many requests report
         decay = 1.0 - self.options.ema_alpha / len(self.requests)
-        self.recent.setdefault(state.proposer, Rate()).observe(int(accepted > 0), 1, decay)
+        hit = int(accepted > 0)
+        self.recent.setdefault(state.proposer, Rate()).observe(hit, 1, decay)
+        if state.evidence:
+            self.recent_by_evidence.setdefault((state.proposer, state.evidence), Rate()).observe(hit, 1, decay)
 
     def observe_round(self, seconds: float) -> None:
         """A request's round took `seconds` from one round's tokens to the next's. Beyond the

@@ -1,13 +1,26 @@
 """Draft proposers that run inside the spec_decode process.
 
-The draft-model proposer is a call to the draft engine (see specdec/triton/spec_decode.py);
-what lives here needs no model: prompt lookup (n-gram) decoding.
+The draft-model proposer is a call to the draft engine (see specdec/spec_decode.py); what lives
+here needs no model: prompt lookup (n-gram) decoding.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+from specdec import loop
+
+
+@dataclass(frozen=True)
+class Lookup:
+    start: int  # where the tokens after the match begin
+    length: int  # tokens of the suffix matched; 0: no match
+
+
+NO_MATCH = Lookup(0, 0)
 
 
 class NgramProposer:
@@ -21,9 +34,10 @@ class NgramProposer:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def matches(self, tokens: np.ndarray) -> np.ndarray:
+    def matches(self, tokens: np.ndarray) -> tuple[np.ndarray, int]:
         """Where the tokens after each earlier occurrence of the longest matching suffix start,
-        oldest first; empty when no suffix of min_n..max_n tokens occurred earlier."""
+        oldest first, and the suffix's length; (empty, 0) when no suffix of min_n..max_n tokens
+        occurred earlier."""
         tokens = np.asarray(tokens)
         length = len(tokens)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
@@ -31,12 +45,41 @@ class NgramProposer:
             windows = sliding_window_view(tokens[: length - 1], n)
             hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
             if len(hits):
-                return hits + n
-        return np.zeros(0, dtype=np.int64)
+                return hits + n, n
+        return np.zeros(0, dtype=np.int64), 0
+
+    def lookup(self, tokens: np.ndarray) -> Lookup:
+        """The match a draft comes from: the most recent of the longest suffix's occurrences."""
+        starts, n = self.matches(tokens)
+        return Lookup(int(starts[-1]), n) if n else NO_MATCH
 
     def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
         tokens = np.asarray(tokens)
-        starts = self.matches(tokens) if k > 0 else ()
-        if len(starts) == 0:
-            return tokens[:0]
-        return tokens[starts[-1] : starts[-1] + k]
+        found = self.lookup(tokens) if k > 0 else NO_MATCH
+        return tokens[found.start : found.start + k] if found.length else tokens[:0]
+
+
+class PromptLookup:
+    """One request's prompt lookups: the evidence its draft length is decided by (the length of
+    the match) and the draft after it come from one search of the sequence."""
+
+    def __init__(self, ngram: NgramProposer, prompt_length: int):
+        self.ngram, self.prompt_length = ngram, prompt_length
+        self._found = (-1, NO_MATCH)  # (length of the sequence searched, what was found)
+
+    def find(self, tokens: list[int]) -> Lookup:
+        if self._found[0] != len(tokens):
+            # In the prefill round the suffix is the prompt's own tail (after a chat template, the
+            # assistant header), which the answer does not continue: none of 168 such draft
+            # tokens over the built-in prompts was accepted, and they cost rows of every batch
+            # they joined. Lookup starts with the first generated token.
+            found = self.ngram.lookup(np.asarray(tokens)) if len(tokens) > self.prompt_length else NO_MATCH
+            self._found = (len(tokens), found)
+        return self._found[1]
+
+    def evidence(self, tokens: list[int]) -> int:
+        return self.find(tokens).length
+
+    async def propose(self, tokens: list[int], k: int) -> loop.Draft:
+        found = self.find(tokens)
+        return loop.Draft(tokens[found.start : found.start + k]) if found.length else loop.NO_DRAFT

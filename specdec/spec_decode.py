@@ -30,7 +30,7 @@ from specdec.config import Profile
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
 from specdec.lockstep import Lockstep
-from specdec.proposers import NgramProposer
+from specdec.proposers import NgramProposer, PromptLookup
 from specdec.sampling import SamplingParams, derive_seed
 from specdec.triton_io import (
     InvalidInput,
@@ -44,6 +44,8 @@ log = logging.getLogger("specdec.spec_decode")
 
 Send = Callable[[], Awaitable[dict[str, np.ndarray]]]  # sends a prepared call: its outputs to come
 EngineCall = Callable[[str, dict[str, np.ndarray], list[str], str], Send]  # (model, inputs, outputs, request_id)
+
+Evidence = Callable[[list[int]], int | None]  # see Controller.choose_k
 
 DRAFT_SEED_SALT = 0xD2AF7  # the draft's sampling noise must be independent of the target's
 COST_CHECK_S = 2.0  # how often to look for a newer calibration of the engines' forward times
@@ -79,6 +81,11 @@ class NoMetrics:
 
     def in_flight(self, requests: int) -> None:
         pass
+
+
+def no_evidence(tokens: list[int]) -> None:
+    """A proposer that finds out only by drafting (a draft model), or never drafts."""
+    return None
 
 
 def _scalar(value, dtype) -> np.ndarray:
@@ -209,19 +216,11 @@ class SpecDecodeService:
 
     def _proposer(
         self, name: str, sampling: SamplingParams, key: str, end_id: int | None, prompt_length: int
-    ) -> loop.Proposer:
+    ) -> tuple[loop.Proposer, Evidence]:
+        """The request's proposer, and what it finds before drafting (Controller.choose_k)."""
         if name == "ngram":
-
-            async def ngram(tokens: list[int], k: int) -> loop.Draft:
-                # In the prefill round the suffix is the prompt's own tail (after a chat template,
-                # the assistant header), which the answer does not continue: none of 168 such
-                # draft tokens over the built-in prompts was accepted, and they cost rows of
-                # every batch they joined. Lookup starts with the first generated token.
-                if len(tokens) <= prompt_length:
-                    return loop.NO_DRAFT
-                return loop.Draft(self.ngram.propose(np.asarray(tokens), k).tolist())
-
-            return ngram
+            lookup = PromptLookup(self.ngram, prompt_length)
+            return lookup.propose, lookup.evidence
         if name == "draft_model":
             assert self.draft is not None
             draft_sampling = SamplingParams(
@@ -247,12 +246,12 @@ class SpecDecodeService:
                     return loop.NO_DRAFT
                 return loop.Draft(ids, logits)
 
-            return draft_model
+            return draft_model, no_evidence
 
         async def none(tokens: list[int], k: int) -> loop.Draft:
             return loop.NO_DRAFT
 
-        return none
+        return none, no_evidence
 
     async def serve(
         self, req: SpecDecodeRequest, is_cancelled: Callable[[], bool] = lambda: False
@@ -262,7 +261,7 @@ class SpecDecodeService:
         sampling, end_id = request_sampling(req), request_end_id(req)
         key = new_sequence_key()
         gen = loop.Generation(req.spec)
-        propose = self._proposer(req.proposer, sampling, key, end_id, len(req.spec.prompt_ids))
+        propose, evidence = self._proposer(req.proposer, sampling, key, end_id, len(req.spec.prompt_ids))
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
             rows = len(draft.ids) + 1 if gen.stats.rounds else len(tokens)  # the first call prefills
@@ -271,7 +270,8 @@ class SpecDecodeService:
             return ids
 
         def choose_k(gen: loop.Generation) -> int:
-            return self.controller.choose_k(key, gen.draft_budget(gen.spec.num_draft_tokens))
+            budget = gen.draft_budget(gen.spec.num_draft_tokens)
+            return self.controller.choose_k(key, budget, evidence(gen.tokens) if budget else None)
 
         # The final chunk goes out only after the engines released the sequence: a client that
         # saw its last response never races the cleanup (nor a server shutdown with it).

@@ -253,3 +253,45 @@ def test_a_rounds_overhead_beyond_the_forward_makes_drafts_pay_sooner():
         chosen[overhead_s] = sum(settle(ctl, keys, acceptance=0.5, then=0.85, rounds=100))
         assert ctl.overhead_s == pytest.approx(overhead_s, abs=0.002)
     assert chosen[0.0] < chosen[0.010]
+
+
+def test_a_strong_match_drafts_long_and_a_weak_one_little_under_load():
+    """Prompt lookup tells the length of its match before drafting; first tokens after a 1-token
+    match are accepted 20% of the time here, after a 4-token match 90% (as on the built-in
+    prompts). Eight requests whose matches come at random: counted by match length the drafts
+    follow the evidence, and the rounds yield more tokens a second than the same controller
+    blind to it."""
+    rates = {1: (0.2, 0.7), 4: (0.9, 0.9)}  # evidence -> (first, next) acceptance
+    throughput, chosen = {}, {}
+    for blind in (True, False):
+        ctl = controller(probe_every=1000)
+        keys = [f"r{i}" for i in range(8)]
+        for key in keys:
+            ctl.start(key, "ngram", 8)
+        rng = random.Random(0)
+        tokens = seconds = 0.0
+        by_evidence: dict[int, list[int]] = {1: [], 4: []}
+        for _ in range(300):
+            evidence = [rng.choice((1, 1, 4)) for _ in keys]
+            ks = [ctl.choose_k(key, 8, None if blind else e) for key, e in zip(keys, evidence, strict=True)]
+            for key, e, k in zip(keys, evidence, ks, strict=True):
+                first, then = rates[e]
+                accepted = 0
+                while accepted < k and rng.random() < (first if accepted == 0 else then):
+                    accepted += 1
+                ctl.observe(key, k, accepted)
+                by_evidence[e].append(k)
+                tokens += accepted + 1
+            seconds += ctl.target.time(sum(k + 1 for k in ks))
+        throughput[blind] = tokens / seconds
+        chosen[blind] = {e: np.mean(ks[-400:]) for e, ks in by_evidence.items()}
+    assert chosen[False][4] >= 4 and chosen[False][1] <= 1, chosen
+    assert throughput[False] >= 1.05 * throughput[True], throughput
+
+
+def test_nothing_to_draft_is_no_draft():
+    ctl = controller()
+    ctl.start("a", "ngram", 8)
+    settle(ctl, ["a"], acceptance=0.9)
+    assert ctl.choose_k("a", 8, evidence=0) == 0
+    assert ctl.choose_k("a", 8, evidence=4) == 8

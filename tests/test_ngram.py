@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
-from specdec.proposers import NgramProposer
+from specdec.proposers import NgramProposer, PromptLookup
 
 
 def test_proposes_what_followed_the_longest_earlier_match():
@@ -19,8 +21,10 @@ def test_most_recent_occurrence_wins():
 
 def test_matches_lists_every_earlier_occurrence_of_the_longest_suffix():
     tokens = np.array([1, 2, 3, 9, 4, 2, 3, 7, 2, 3])
-    assert NgramProposer(1, 3).matches(tokens).tolist() == [3, 7]  # "2 3" twice; "1 2 3" never
-    assert NgramProposer(3, 3).matches(tokens).tolist() == []
+    starts, n = NgramProposer(1, 3).matches(tokens)
+    assert (starts.tolist(), n) == ([3, 7], 2)  # "2 3" twice; "1 2 3" never
+    starts, n = NgramProposer(3, 3).matches(tokens)
+    assert (starts.tolist(), n) == ([], 0)
 
 
 def test_no_match_proposes_nothing():
@@ -41,3 +45,14 @@ def test_zero_tokens_and_tiny_sequences():
 def test_rejects_bad_bounds():
     with pytest.raises(ValueError):
         NgramProposer(3, 2)
+
+
+def test_prompt_lookup_gives_its_match_length_and_drafts_from_that_match():
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=6)
+    prompt = [1, 2, 3, 4, 5, 9]
+    assert lookup.evidence(prompt) == 0  # the prefill round: no lookup in the prompt's own tail
+    tokens = [*prompt, 2, 3, 4]
+    assert lookup.evidence(tokens) == 3  # "2 3 4" matched
+    assert asyncio.run(lookup.propose(tokens, 2)).ids == [5, 9]
+    assert lookup.evidence([*prompt, 7]) == 0
+    assert asyncio.run(lookup.propose([*prompt, 7], 2)).ids == []

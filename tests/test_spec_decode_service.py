@@ -152,7 +152,8 @@ def test_every_call_of_an_engine_carries_the_same_inputs(tiny_target, tiny_draft
 
 def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft):
     """The prompt's tail repeats inside it, so lookup would match there; yet the prefill round
-    carries no draft (what follows a prompt is not in it) and later rounds do."""
+    carries no draft (what follows a prompt is not in it) and later rounds do, their match
+    lengths told to the controller."""
     svc, _ = make_service(tiny_target, tiny_draft)
     drafts = []
     record_engine_calls(svc, lambda model, inputs: drafts.append(inputs["draft_input_ids"].shape[1]))
@@ -161,6 +162,8 @@ def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft
     (tokens,) = run_all(svc, [request(prompt, max_tokens=24, k=3, proposer="ngram")])
     assert tokens == run_all(svc, [request(prompt, max_tokens=24, k=0, proposer="none")])[0]
     assert drafts[0] == 0 and any(drafts[1:]), drafts
+    # the controller heard how long each draft's match was
+    assert {proposer for proposer, _ in svc.controller.recent_by_evidence} == {"ngram"}
 
 
 def test_caches_are_released_when_requests_end(service):
