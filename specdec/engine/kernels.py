@@ -163,18 +163,18 @@ def _block(typingctx, x, m0, rows, k_dim, w, w_col, out, out_col, accumulate):
         halves_v = builder.select(builder.icmp_signed(">=", builder.sub(w_width, w_col_v), ir.Constant(i64, TILE)),
                                   ir.Constant(i64, TILE // LANES), ir.Constant(i64, 1))  # fmt: skip
         w_data = builder.gep(w_arr.data, [w_col_v])
+
+        def row(arr, col, r):
+            index = builder.add(builder.mul(builder.add(m0_v, ir.Constant(i64, r)), row_stride(arr)), col)
+            return builder.gep(arr.data, [index])
+
         after = builder.append_basic_block("blocks_done")
         switch = builder.switch(builder.add(builder.mul(rows_v, ir.Constant(i64, 4)), halves_v), after)
         for rows in range(1, _BLOCK + 1):
-            for halves in sorted({1, TILE // LANES}):
+            for halves in (1, TILE // LANES):
                 case = builder.append_basic_block(f"rows_{rows}_{halves}")
                 switch.add_case(ir.Constant(i64, rows * 4 + halves), case)
                 builder.position_at_end(case)
-
-                def row(arr, col, r):
-                    index = builder.add(builder.mul(builder.add(m0_v, ir.Constant(i64, r)), row_stride(arr)), col)
-                    return builder.gep(arr.data, [index])
-
                 x_rows = [row(x_arr, ir.Constant(i64, 0), r) for r in range(rows)]
                 out_rows = [row(out_arr, out_col_v, r) for r in range(rows)]
                 _emit_block(builder, fma, x_rows, k_dim_v, w_data, w_width, out_rows, args[8], halves)
