@@ -33,6 +33,12 @@ _AVX512 = bool(get_host_cpu_features().get("avx512f"))
 LANES = 16 if _AVX512 else 8  # float32 lanes of a vector register
 TILE = 2 * LANES  # output features a matmul tile computes together
 _BLOCK = 8 if _AVX512 else 4  # rows a block takes at most: 3 x _BLOCK + 2 registers in use
+# A block asks for the weights it will read this many steps of k ahead (8 KB for a matmul tile),
+# into L2. Without it, on a Xeon the loads of a block of several rows came too slowly for the
+# memory's latency: a forward of 5 rows took 1.34x one row's time, 8 rows 1.52x (1.07x and
+# 1.19x with it), while with the tile in cache 5 rows cost what one does.
+PREFETCH_STEPS = 64
+_LINE_FLOATS = 16  # floats in a 64-byte cache line
 
 
 @intrinsic
@@ -87,9 +93,14 @@ def _exp(x):  # pragma: no cover - compiled
 
 def _emit_block(builder, fma, x_rows, k_dim, w_data, w_stride, out_rows, accumulate, halves: int) -> None:
     """LLVM IR for out_rows[r][: halves * LANES] (+)= sum over k < k_dim of x_rows[r][k] * w[k]
-    for each row r, with w[k] the halves vectors at w_data + k * w_stride."""
+    for each row r, with w[k] the halves vectors at w_data + k * w_stride; each step of k also
+    prefetches w[k + PREFETCH_STEPS] (read, keep in L2, data)."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
     vec = fma.function_type.return_type
+    byte_ptr = ir.IntType(8).as_pointer()
+    prefetch = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]), "llvm.prefetch.p0"
+    )
 
     def const(v):
         return ir.Constant(i64, v)
@@ -103,6 +114,10 @@ def _emit_block(builder, fma, x_rows, k_dim, w_data, w_stride, out_rows, accumul
     k = builder.phi(i64)
     acc = [builder.phi(vec) for _ in range(len(x_rows) * halves)]
     w_row = builder.gep(w_data, [builder.mul(k, w_stride)])
+    ahead = builder.gep(w_row, [builder.mul(const(PREFETCH_STEPS), w_stride)])
+    for line in range(0, halves * LANES, _LINE_FLOATS):  # a prefetch never faults, even past the end
+        address = builder.bitcast(builder.gep(ahead, [const(line)]), prefetch.args[0].type)
+        builder.call(prefetch, [address, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
     w_vec = [builder.load(builder.bitcast(builder.gep(w_row, [const(h * LANES)]), vec.as_pointer()), align=4)
              for h in range(halves)]  # fmt: skip
     summed = []
