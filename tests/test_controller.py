@@ -203,6 +203,21 @@ def test_a_request_without_drafts_probes_now_and_then():
     assert ks.count(1) == 2 and ks.count(0) == 6
 
 
+def test_a_draft_model_probe_pays_for_its_draft_forward():
+    """A prompt-lookup probe costs a row of the target's forward (1.5 ms), which a proposer
+    accepted 10% of the time pays for; a draft model's probe also runs the draft model (4 ms
+    more), which 10% does not pay for and 60% does."""
+    draft = ForwardCost(list(range(1, 18)), [0.004 + 0.0002 * r for r in range(1, 18)])
+    probes = {}
+    for proposer, rate in (("ngram", 10.0), ("draft_model", 10.0), ("draft_model", 60.0)):
+        ctl = Controller(AdaptiveOptions(probe_every=4), target=cpu_like_cost(), draft=draft)
+        ctl.start("a", proposer, 8)
+        settle(ctl, ["a"], acceptance=0.0)
+        ctl.recent[proposer] = Rate(rate, 100.0)
+        probes[proposer, rate] = [ctl.choose_k("a", 8) for _ in range(8)].count(1)
+    assert probes == {("ngram", 10.0): 2, ("draft_model", 10.0): 0, ("draft_model", 60.0): 2}
+
+
 def test_no_probes_where_even_the_proposers_average_would_not_pay():
     ctl = controller(probe_every=2)
     keys = [f"r{i}" for i in range(32)]
