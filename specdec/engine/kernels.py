@@ -384,3 +384,30 @@ def swiglu(gate_up, out):  # pragma: no cover - compiled
         for i in range(width):
             g = gate_up[m, i]
             out[m, i] = g / (np.float32(1.0) + _exp(-g)) * gate_up[m, width + i]
+
+
+@njit(cache=True)
+def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, qkv_width, wo, mlp_norm, w_gate_up,
+                   gate_up_width, w_down, k_cache, v_cache, cos, sin):  # pragma: no cover - compiled  # fmt: skip
+    """x (M, D) += each layer's attention, then its MLP, in place: ops.TorchOps.decoder_layers
+    with the kernels above, each layer's weights the [i] of a stack over the layers (packed as
+    pack_weight; attn_norm, mlp_norm (L, D)), the cache as in rope_store for all layers (k_cache
+    (L, S, G, T / TILE, Dh, TILE), v_cache (L, S, G, T, Dh))."""
+    rows = x.shape[0]
+    n_kv, head_dim = k_cache.shape[2], k_cache.shape[4]
+    h = np.empty_like(x)
+    qkv = np.empty((rows, qkv_width), dtype=np.float32)
+    q = np.empty((rows, n_heads, head_dim), dtype=np.float32)
+    attended = np.empty((rows, n_heads * head_dim), dtype=np.float32)
+    gate_up = np.empty((rows, gate_up_width), dtype=np.float32)
+    mlp = np.empty((rows, gate_up_width // 2), dtype=np.float32)
+    for i in range(attn_norm.shape[0]):
+        rmsnorm(x, attn_norm[i], eps, h)
+        matmul(h, wqkv[i], qkv, False)
+        rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv, q, k_cache[i], v_cache[i])
+        attention(q, k_cache[i], v_cache[i], slots, positions, attended)
+        matmul(attended, wo[i], x, True)
+        rmsnorm(x, mlp_norm[i], eps, h)
+        matmul(h, w_gate_up[i], gate_up, False)
+        swiglu(gate_up, mlp)
+        matmul(mlp, w_down[i], x, True)

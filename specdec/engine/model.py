@@ -80,15 +80,16 @@ def rope_tables(cfg: LlamaConfig, length: int) -> tuple[torch.Tensor, torch.Tens
 
 
 @dataclass
-class Layer:
-    """Projection weights are (out, in) matrices in the layout of ops.weight()."""
+class Layers:
+    """Every decoder layer's weights, stacked along a first axis of num_hidden_layers (L).
+    Projection weights are (out, in) matrices in the layout of ops.weight()."""
 
-    attn_norm: torch.Tensor  # (D,)
-    wqkv: Weight  # ((H + 2G) * Dh, D)  q, k, v rows fused: one pass over memory
-    wo: Weight  # (D, H * Dh)
-    mlp_norm: torch.Tensor  # (D,)
-    w_gate_up: Weight  # (2F, D)  gate and up fused
-    w_down: Weight  # (D, F)
+    attn_norm: torch.Tensor  # (L, D)
+    wqkv: Weight  # L x ((H + 2G) * Dh, D)  q, k, v rows fused: one pass over memory
+    wo: Weight  # L x (D, H * Dh)
+    mlp_norm: torch.Tensor  # (L, D)
+    w_gate_up: Weight  # L x (2F, D)  gate and up fused
+    w_down: Weight  # L x (D, F)
 
 
 class Llama:
@@ -122,26 +123,27 @@ class Llama:
 
         linear = self.ops.weight
         embed = take("model.embed_tokens.weight")
-        self.layers = []
-        for i in range(self.cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
-            self.layers.append(
-                Layer(
-                    attn_norm=take(p + "input_layernorm.weight"),
-                    wqkv=linear(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
-                    wo=linear(take(p + "self_attn.o_proj.weight")),
-                    mlp_norm=take(p + "post_attention_layernorm.weight"),
-                    w_gate_up=linear(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
-                    w_down=linear(take(p + "mlp.down_proj.weight")),
-                )
-            )
+
+        def stacked(*names: str) -> torch.Tensor:
+            """Each layer's named weights (concatenated when several), stacked over the layers."""
+            per_layer = range(self.cfg.num_hidden_layers)
+            return torch.stack([torch.cat([take(f"model.layers.{i}.{n}") for n in names]) for i in per_layer])
+
+        self.layers = Layers(
+            attn_norm=stacked("input_layernorm.weight"),
+            wqkv=linear(stacked(*(f"self_attn.{n}_proj.weight" for n in "qkv"))),
+            wo=linear(stacked("self_attn.o_proj.weight")),
+            mlp_norm=stacked("post_attention_layernorm.weight"),
+            w_gate_up=linear(stacked("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+            w_down=linear(stacked("mlp.down_proj.weight")),
+        )
         self.norm = take("model.norm.weight")
         tied = self.cfg.tie_word_embeddings
         self.lm_head = linear(embed if tied else take("lm_head.weight"))
         self.embed = self.lm_head if tied else embed  # tied: one copy, in the lm_head's layout
 
     def weight_bytes(self) -> int:
-        tensors = [self.embed, self.norm, *(t for layer in self.layers for t in vars(layer).values())]
+        tensors = [self.embed, self.norm, *vars(self.layers).values()]
         if not self.cfg.tie_word_embeddings:
             tensors.append(self.lm_head)
         return sum(t.nbytes for t in tensors)
@@ -160,18 +162,7 @@ class Llama:
     ) -> torch.Tensor:  # (R, V) float32
         cfg, ops = self.cfg, self.ops
         x = ops.embedding(self.embed, tokens)
-        for i, layer in enumerate(self.layers):
-            h = ops.rmsnorm(x, layer.attn_norm, cfg.rms_norm_eps)
-            qkv = ops.linear(h, layer.wqkv)
-            k_cache, v_cache = cache.k[i], cache.v[i]
-            q = ops.rope_store(
-                qkv, cache.cos, cache.sin, positions, slots,
-                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, k_cache, v_cache,
-            )  # fmt: skip
-            attn = ops.attention(q, k_cache, v_cache, slots, positions)
-            ops.linear_residual(attn, layer.wo, x)
-            h = ops.rmsnorm(x, layer.mlp_norm, cfg.rms_norm_eps)
-            ops.linear_residual(ops.swiglu(ops.linear(h, layer.w_gate_up)), layer.w_down, x)
+        ops.decoder_layers(x, self.layers, cache, positions, slots, cfg)  # the layer: TorchOps.decoder_layers
         h = ops.rmsnorm(x[logit_rows].contiguous(), self.norm, cfg.rms_norm_eps)
         return ops.linear(h, self.lm_head).float()
 

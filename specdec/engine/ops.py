@@ -2,24 +2,30 @@
 
 CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 only.
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
-Both write new keys/values into the cache before attention reads it, so rows of the same
-sequence in one call attend to each other causally. linear() takes its weight in the layout
-weight() made of the (N, K) matrix: the CPU kernel's tiles, the matrix itself for torch; the
-key cache is laid out as key_layout() says (values are (slots, kv_heads, max_len, head_dim)).
+decoder_layers() runs every decoder layer over the rows in place: TorchOps's is the layer
+written out, CpuOps's the same steps compiled into one call (kernels.decoder_layers). Both write
+new keys/values into the cache before attention reads it, so rows of the same sequence in one
+call attend to each other causally. linear() takes its weight in the layout weight() made of the
+(N, K) matrix (or a stack of them): the CPU kernel's tiles, the matrix itself for torch; the key
+cache is laid out as key_layout() says (values are (slots, kv_heads, max_len, head_dim)).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from specdec.engine import kernels
 
+if TYPE_CHECKING:
+    from specdec.engine.model import KVCache, Layers, LlamaConfig
+
 
 class PackedWeight(NamedTuple):
-    tiles: torch.Tensor  # (ceil(N / TILE), K, TILE), kernels.pack_weight
+    tiles: torch.Tensor  # (..., ceil(N / TILE), K, TILE), kernels.pack_weight of each (N, K) matrix
     rows: int  # N
 
     @property
@@ -51,34 +57,26 @@ class CpuOps:
         return out
 
     def weight(self, w: torch.Tensor) -> PackedWeight:
-        """(N, K) -> the tiles linear() takes (kernels.pack_weight)."""
-        return PackedWeight(torch.from_numpy(kernels.pack_weight(w.numpy())), w.shape[0])
+        """(..., N, K) -> the tiles linear() takes (kernels.pack_weight of each matrix)."""
+        matrices = w.reshape(-1, *w.shape[-2:]).numpy()
+        tiles = np.stack([kernels.pack_weight(m) for m in matrices])
+        return PackedWeight(torch.from_numpy(tiles.reshape(*w.shape[:-2], *tiles.shape[1:])), w.shape[-2])
 
     def linear(self, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         out = torch.empty(x.shape[0], w.rows, dtype=x.dtype)
         kernels.matmul(x.numpy(), w.tiles.numpy(), out.numpy(), False)
         return out
 
-    def linear_residual(self, x: torch.Tensor, w: PackedWeight, residual: torch.Tensor) -> None:
-        kernels.matmul(x.numpy(), w.tiles.numpy(), residual.numpy(), True)
-
-    def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
-        q = torch.empty(qkv.shape[0], n_heads, head_dim, dtype=qkv.dtype)
-        kernels.rope_store(
-            qkv.numpy(), cos.numpy(), sin.numpy(), positions.numpy(), slots.numpy(),
-            n_heads, n_kv, q.numpy(), k_cache.numpy(), v_cache.numpy(),
+    def decoder_layers(self, x: torch.Tensor, layers: Layers, cache: KVCache, positions: torch.Tensor,
+                       slots: torch.Tensor, cfg: LlamaConfig) -> None:  # fmt: skip
+        """TorchOps.decoder_layers in one compiled call: from Python, each of a forward's ~270
+        kernel calls cost more than the small ones compute (3.6 of a 22 ms step)."""
+        kernels.decoder_layers(
+            x.numpy(), positions.numpy(), slots.numpy(), cfg.rms_norm_eps, cfg.num_attention_heads,
+            layers.attn_norm.numpy(), layers.wqkv.tiles.numpy(), layers.wqkv.rows, layers.wo.tiles.numpy(),
+            layers.mlp_norm.numpy(), layers.w_gate_up.tiles.numpy(), layers.w_gate_up.rows,
+            layers.w_down.tiles.numpy(), cache.k.numpy(), cache.v.numpy(), cache.cos.numpy(), cache.sin.numpy(),
         )  # fmt: skip
-        return q
-
-    def attention(self, q, k_cache, v_cache, slots, positions) -> torch.Tensor:
-        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
-        kernels.attention(q.numpy(), k_cache.numpy(), v_cache.numpy(), slots.numpy(), positions.numpy(), out.numpy())
-        return out
-
-    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
-        kernels.swiglu(gate_up.numpy(), out.numpy())
-        return out
 
 
 class TorchOps:
@@ -92,15 +90,26 @@ class TorchOps:
     def weight(self, w: torch.Tensor) -> torch.Tensor:
         return w
 
+    def decoder_layers(self, x: torch.Tensor, layers: Layers, cache: KVCache, positions: torch.Tensor,
+                       slots: torch.Tensor, cfg: LlamaConfig) -> None:  # fmt: skip
+        """x += each layer's attention, then its MLP, in place: the Llama decoder layer."""
+        for i in range(cfg.num_hidden_layers):
+            h = self.rmsnorm(x, layers.attn_norm[i], cfg.rms_norm_eps)
+            qkv = self.linear(h, layers.wqkv[i])
+            q = self.rope_store(
+                qkv, cache.cos, cache.sin, positions, slots,
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cache.k[i], cache.v[i],
+            )  # fmt: skip
+            x += self.linear(self.attention(q, cache.k[i], cache.v[i], slots, positions), layers.wo[i])
+            h = self.rmsnorm(x, layers.mlp_norm[i], cfg.rms_norm_eps)
+            x += self.linear(self.swiglu(self.linear(h, layers.w_gate_up[i])), layers.w_down[i])
+
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.linear(x, w)
-
-    def linear_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> None:
-        residual += F.linear(x, w)
 
     def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
         m = qkv.shape[0]
