@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile()
     build(profile)
     model_dir = profile.model_dir("target")
-    engine = Engine(model_dir, kv_slots=2, max_seq_len=1024, threads=profile.engine.threads)
+    engine = Engine(model_dir, dtype=profile.engine.dtype, kv_slots=2, max_seq_len=1024, threads=profile.engine.threads)
     engine.warmup()
     step = forward_times(engine, rows=tuple(range(1, MAX_K + 2)))
     samples = generate(engine, TextTokenizer(model_dir), args.workload.split(","), args.max_tokens)

@@ -46,10 +46,9 @@ CONCURRENCY = (1, 2, 4, 8, 16, 32)
 VERIFY_PAIRS = 40  # 1-row / 5-row forward pairs behind the verification figure
 
 
-def verification_cost(model_dir: Path, threads: int | None, pairs: int = VERIFY_PAIRS) -> dict[str, float]:
+def verification_cost(engine: Engine, pairs: int = VERIFY_PAIRS) -> dict[str, float]:
     """1-row and 5-row forwards in `pairs` back-to-back pairs, the order alternating: the best
     of each, and the median of the pairs' ratios."""
-    engine = Engine(model_dir, kv_slots=2, max_seq_len=256, threads=threads)
     engine.warmup()
     one, five = [], []
     for i in range(pairs):
@@ -123,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile()
     build(profile)
     machine = describe()
-    verify = verification_cost(profile.model_dir("target"), profile.engine.threads)
-    weights = Engine(profile.model_dir("target"), kv_slots=1, max_seq_len=16).model.weight_bytes()
+    engine = Engine(profile.model_dir("target"), dtype=profile.engine.dtype, kv_slots=2, max_seq_len=256,
+                    threads=profile.engine.threads)  # fmt: skip
+    verify = verification_cost(engine)
+    weights = engine.model.weight_bytes()
+    del engine  # its memory, before the server's engines load
     levels = [int(c) for c in args.concurrency.split(",")]
     rows = []
     with TritonServer(profile, ports=Ports.free()) as server:

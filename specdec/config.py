@@ -56,7 +56,9 @@ class PytorchEngine(_Strict):
     """The Python-backend PyTorch engine (CPU, or CUDA without TensorRT-LLM)."""
 
     device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="auto: bfloat16 on CUDA and on CPUs with AMX bf16 tiles, else float32"
+    )
     max_batch_size: Annotated[int, Field(ge=1, le=256)] = 16
     max_seq_len: Annotated[int, Field(ge=16, le=131072)] = 2048
     kv_slots: Annotated[int, Field(ge=1, le=1024)] = 16

@@ -138,9 +138,15 @@ def variant_server(base, smollm_dir: Path, name: str, draft_layers: int = 4, **u
         yield srv
 
 
+def with_dtype(profile, dtype: str) -> dict:
+    """variant_profile's update for the engine computing in `dtype`."""
+    return {"engine": profile.engine.model_copy(update={"dtype": dtype})}
+
+
 @pytest.fixture(scope="session")
 def server(embedded_profile, smollm_dir):
     """One real tritonserver for the whole session, on free ports of 127.0.0.1, drafting what
-    each request asks (fixed_drafts)."""
-    with variant_server(embedded_profile, smollm_dir, "test-shared") as srv:
+    each request asks (fixed_drafts). In float32, so that its tokens can be compared with
+    transformers' float32 greedy decoding; test_server.py checks the bfloat16 engine too."""
+    with variant_server(embedded_profile, smollm_dir, "test-shared", **with_dtype(embedded_profile, "float32")) as srv:
         yield srv

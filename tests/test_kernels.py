@@ -11,7 +11,7 @@ import torch
 
 from specdec.engine import kernels
 from specdec.engine.model import Llama
-from specdec.engine.ops import CpuOps, TorchOps
+from specdec.engine.ops import CpuBf16Ops, CpuOps, TorchOps
 
 
 @pytest.fixture(scope="module")
@@ -139,10 +139,11 @@ def test_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_di
     np.testing.assert_allclose(together, want.reshape(len(q), -1), rtol=1e-5, atol=1e-5)
 
 
-def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target, dtype):
     """Prefill + a k-row verification in one call, mixed with another sequence, gives the same
     logits as decoding each token alone: the property greedy exactness stands on."""
-    model = Llama(tiny_target)
+    model = Llama(tiny_target, dtype=dtype)
     tokens = torch.randint(0, 96, (45,), generator=torch.Generator().manual_seed(0))  # past a tile of keys
     n = len(tokens)
 
@@ -174,3 +175,41 @@ def test_cpu_kernels_agree_with_the_torch_implementation(tiny_target):
     a = cpu.forward(cpu.new_cache(1, 32), *args)
     b = ref.forward(ref.new_cache(1, 32), *args)
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536)])  # SmolLM2's q/k/v and down projections
+def test_bf16_products_rows_are_bitwise_independent_of_the_batch(n, k):
+    """CpuBf16Ops's products, past the 128 rows at which oneDNN's order changes for K = 1536."""
+    ops = CpuBf16Ops()
+    g = torch.Generator().manual_seed(0)
+    matrix = torch.randn(n, k, generator=g) / k**0.5
+    w = ops.weight(matrix)
+    x = torch.randn(300, k, generator=g)
+    alone = torch.cat([ops.linear(row, w) for row in x.split(1)])
+    for m in (1, 5, 9, 17, 64, 128, 130, 150, 200, 256, 300):
+        assert torch.equal(ops.linear(x[:m], w), alone[:m]), m
+    bf16 = x.bfloat16().float() @ matrix.bfloat16().float().T  # the exact sums of the rounded terms
+    torch.testing.assert_close(alone, bf16, rtol=1e-2, atol=1e-2)
+
+
+def test_bf16_load_refuses_a_product_whose_rows_depend_on_the_batch(tiny_target, monkeypatch):
+    """If this CPU's oneDNN summed a row differently beside others, exactness would be lost:
+    the model must not load (here a product made to depend on its number of rows)."""
+    exact = CpuBf16Ops.linear
+    monkeypatch.setattr(CpuBf16Ops, "linear", lambda self, x, w: exact(self, x, w) + 1e-3 * (len(x) > 40))
+    with pytest.raises(RuntimeError, match=r"41 rows share it.*use dtype float32"):
+        Llama(tiny_target, dtype="bfloat16")
+
+
+def test_bf16_forward_is_close_to_float32(tiny_target):
+    """CpuBf16Ops rounds weights and projection inputs to bf16 (8 bits of mantissa) and keeps the
+    rest in float32: its logits stay within bf16's error of the float32 forward's."""
+    bf16 = Llama(tiny_target, dtype="bfloat16")
+    ref = Llama(tiny_target, ops=TorchOps())
+    assert isinstance(bf16.ops, CpuBf16Ops)
+    tokens = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79], dtype=torch.int64)
+    args = (tokens, torch.arange(8), torch.zeros(8, dtype=torch.int64), torch.arange(8))
+    a = bf16.forward(bf16.new_cache(1, 32), *args)
+    b = ref.forward(ref.new_cache(1, 32), *args)
+    assert not torch.equal(a, b)  # it did compute in bf16
+    assert (a - b).abs().max() < 0.03 * b.abs().max()

@@ -2,7 +2,8 @@
 
 Greedy speculation must give exactly the tokens of plain decoding and of an independent
 reference (Hugging Face transformers' greedy generate on the same weights), for every proposer,
-draft length and with 8 requests in flight."""
+draft length and with 8 requests in flight. The engine in bfloat16 (CpuBf16Ops) computes
+another model, so its speculation is held to its own plain decoding."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from conftest import variant_server, with_dtype
 from prompts import PASSAGE, PROMPTS
 
 from specdec.client.client import GenerationParams, TritonClient, http_generate
@@ -83,6 +85,25 @@ def test_greedy_speculation_is_exact(server, prompt_ids, reference, tokenizer, m
         assert r.error is None
         assert r.ids == ref, f"{method} k={k} differs on {text[:40]!r}"
     assert sum(r.total_draft_tokens for r in records) > 0
+
+
+@pytest.fixture(scope="module")
+def bf16_server(embedded_profile, smollm_dir):
+    with variant_server(embedded_profile, smollm_dir, "test-bf16", **with_dtype(embedded_profile, "bfloat16")) as srv:
+        yield srv
+
+
+def test_bfloat16_speculation_is_exact_against_its_own_plain_decoding(bf16_server, prompt_ids, reference, tokenizer):
+    """bf16 products: every row of a verification gets the bits it gets alone, so each proposer
+    and draft length reproduces plain bf16 decoding; bf16 rounding makes a few tokens differ
+    from float32's."""
+    plain = [r.ids for r in generate_all(bf16_server, prompt_ids, _params(0, "none", tokenizer))]
+    for method, k in [("ngram", 3), ("ngram", 8), ("draft_model", 5)]:
+        records = generate_all(bf16_server, prompt_ids, _params(k, method, tokenizer))
+        assert [r.error for r in records] == [None] * len(PROMPTS)
+        assert [r.ids for r in records] == plain, f"{method} k={k}"
+        assert sum(r.total_draft_tokens for r in records) > 0
+    assert plain != reference  # it computed in bf16
 
 
 def test_ngram_accepts_most_drafts_on_a_copy_task(server, prompt_ids, reference, tokenizer):

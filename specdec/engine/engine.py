@@ -22,7 +22,7 @@ import torch
 
 from specdec import sampling, verify
 from specdec.engine.kv_slots import CacheFullError, SlotTable
-from specdec.engine.model import Llama
+from specdec.engine.model import Llama, resolve_dtype
 from specdec.sampling import SamplingError, SamplingParams
 
 # Every row count a verification at low load can have, then sparser: on the CPU a forward's time
@@ -78,15 +78,17 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def _set_threads(threads: int | None) -> None:
-    """numba runs the heavy kernels on `threads` cores (default: all). torch only does small
-    glue ops here; one thread keeps its OpenMP pool from competing with numba's."""
+def _set_threads(threads: int | None, dtype: str) -> None:
+    """numba runs the heavy kernels on `threads` cores (default: all). In float32 torch only does
+    small glue ops; one thread keeps its OpenMP pool from competing with numba's. In bfloat16
+    torch's oneDNN computes the products: they get the cores too."""
     import os
 
     import numba
 
-    torch.set_num_threads(1)
-    numba.set_num_threads(min(threads or os.cpu_count() or 1, numba.config.NUMBA_NUM_THREADS))
+    cores = threads or os.cpu_count() or 1
+    torch.set_num_threads(cores if dtype == "bfloat16" else 1)
+    numba.set_num_threads(min(cores, numba.config.NUMBA_NUM_THREADS))
 
 
 class ForwardLock:
@@ -121,7 +123,8 @@ class Engine:
         threads: int | None = None,
         lock_file: str | Path | None = None,
     ):
-        _set_threads(threads)
+        dtype = resolve_dtype(dtype, device)
+        _set_threads(threads, dtype)
         self.forward_lock = ForwardLock(lock_file)
         self.model = Llama(Path(model_dir), device=device, dtype=dtype)
         self.max_seq_len = min(max_seq_len, self.model.cfg.max_position_embeddings)

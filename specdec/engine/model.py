@@ -15,11 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from llvmlite.binding import get_host_cpu_features
 from safetensors.torch import load_file
 
-from specdec.engine.ops import CpuOps, TorchOps, Weight
+from specdec.engine.ops import CpuBf16Ops, CpuOps, TorchOps, Weight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The profile's dtype, with "auto" made concrete: bfloat16 on CUDA and on a CPU with AMX
+    bf16 tiles (CpuBf16Ops: a verification of 8 drafts costs ~1.1x a step, a prefill a third of
+    float32's), float32 on other CPUs (where bf16 products have no fast kernel)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if torch.device(device).type == "cuda" or get_host_cpu_features().get("amx-bf16") else "float32"
 
 
 @dataclass(frozen=True)
@@ -96,15 +106,23 @@ class Llama:
     def __init__(
         self, model_dir: Path, device: str = "cpu", dtype: str = "float32", ops: CpuOps | TorchOps | None = None
     ):
-        """ops: the implementation of the forward's operations; default: the numba kernels on
-        CPU, torch on CUDA."""
+        """ops: the implementation of the forward's operations; default: on CPU the numba
+        kernels (dtype bfloat16: with bf16 products, CpuBf16Ops), on CUDA torch."""
         self.cfg = LlamaConfig.from_dir(model_dir)
         self.device = torch.device(device)
+        dtype = resolve_dtype(dtype, device)
         self.dtype = DTYPES[dtype]
-        if self.device.type == "cpu" and self.dtype != torch.float32:
-            raise ValueError("the CPU engine computes in float32 (no fast bf16/fp16 path on CPU)")
-        self.ops = ops or (CpuOps() if self.device.type == "cpu" else TorchOps())
+        if self.device.type == "cpu":
+            if dtype == "float16":
+                raise ValueError("dtype: the CPU engine computes in float32 or with bfloat16 products, not float16")
+            self.ops = ops or (CpuBf16Ops() if dtype == "bfloat16" else CpuOps())
+            self.dtype = torch.float32  # activations, norms and cache; CpuBf16Ops rounds its weights itself
+        else:
+            self.ops = ops or TorchOps()
         self._load(Path(model_dir))
+        if isinstance(self.ops, CpuBf16Ops):
+            for w in (self.layers.wqkv[0], self.layers.wo[0], self.layers.w_gate_up[0], self.layers.w_down[0]):
+                self.ops.assert_row_invariant(w)
 
     def _load(self, model_dir: Path) -> None:
         files = sorted(model_dir.glob("*.safetensors"))
@@ -140,13 +158,12 @@ class Llama:
         self.norm = take("model.norm.weight")
         tied = self.cfg.tie_word_embeddings
         self.lm_head = linear(embed if tied else take("lm_head.weight"))
-        self.embed = self.lm_head if tied else embed  # tied: one copy, in the lm_head's layout
+        self.embed = self.ops.embedding_table(embed, self.lm_head if tied else None)
 
     def weight_bytes(self) -> int:
-        tensors = [self.embed, self.norm, *vars(self.layers).values()]
-        if not self.cfg.tie_word_embeddings:
-            tensors.append(self.lm_head)
-        return sum(t.nbytes for t in tensors)
+        """Bytes of the weights each forward reads: all but the embedding table, of which it
+        reads a row per token (in float32 a tied table is the lm_head: counted once)."""
+        return sum(t.nbytes for t in (self.lm_head, self.norm, *vars(self.layers).values()))
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         return KVCache(self.cfg, slots, max_len, self.device, self.dtype, self.ops.key_layout)

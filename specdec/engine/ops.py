@@ -1,6 +1,7 @@
 """The operations the Llama forward needs, for two backends.
 
 CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 only.
+CpuBf16Ops: CpuOps's kernels, but each projection's product in bfloat16 on oneDNN (AMX).
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 decoder_layers() runs every decoder layer over the rows in place: TorchOps's is the layer
 written out, CpuOps's the same steps compiled into one call (kernels.decoder_layers). Both write
@@ -33,7 +34,18 @@ class PackedWeight(NamedTuple):
         return self.tiles.nbytes
 
 
-Weight = torch.Tensor | PackedWeight  # what ops.weight() makes of an (N, K) matrix
+class Bf16Stack(NamedTuple):
+    matrices: list[torch.Tensor]  # CpuBf16Ops.weight of each (N, K) matrix of a stack
+
+    def __getitem__(self, i: int) -> torch.Tensor:  # type: ignore[override]
+        return self.matrices[i]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.matrices)
+
+
+Weight = torch.Tensor | PackedWeight | Bf16Stack  # what ops.weight() makes of an (N, K) matrix or a stack
 
 
 class CpuOps:
@@ -50,6 +62,10 @@ class CpuOps:
         if isinstance(table, PackedWeight):
             return table.tiles[tokens // kernels.TILE, :, tokens % kernels.TILE].contiguous()
         return table[tokens]
+
+    def embedding_table(self, embed: torch.Tensor, tied_lm_head: Weight | None) -> Weight:
+        """What embedding() reads: a tied lm_head's tiles (one copy of the matrix), else embed."""
+        return embed if tied_lm_head is None else tied_lm_head
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = torch.empty_like(x)
@@ -86,6 +102,9 @@ class TorchOps:
 
     def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return table[tokens]
+
+    def embedding_table(self, embed: torch.Tensor, tied_lm_head: Weight | None) -> torch.Tensor:
+        return embed  # weight() keeps a matrix as it is: a tied lm_head is this tensor
 
     def weight(self, w: torch.Tensor) -> torch.Tensor:
         return w
@@ -138,3 +157,77 @@ class TorchOps:
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class CpuBf16Ops(TorchOps):
+    """CPU, with every projection's product in bfloat16: weights rounded to bf16 and packed for
+    oneDNN's kernel (AMX tiles on CPUs that have them), inputs rounded to bf16, sums in float32.
+    A forward of 16 rows then costs what one row does and a prefill a third of float32's, where
+    CpuOps's FMA kernels pay for each row. Everything else (norms, rotary, attention, SiLU, the
+    residual stream and the cache) is CpuOps's float32 kernels, through TorchOps's layer.
+
+    Row invariance, which exactness stands on, is oneDNN's behaviour here, not a guarantee: with
+    weights packed for one row, its AMX kernel gave every row the same bits for every number of
+    rows M from 1 to 320, and at 512, 1024 and 2048, on 1 and 2 threads, where K <= MAX_K; but
+    at K = 1536 (the down projection) it sums in another order for some M from 130 up. So a
+    product over more than MAX_K terms takes at most MAX_ROWS rows a call, and when a model
+    loads assert_row_invariant checks each of its weight shapes at every M up to MAX_ROWS and
+    at CHECKED_ROWS beyond.
+    """
+
+    MAX_K = 1024
+    MAX_ROWS = 128
+    CHECKED_ROWS = (160, 256, 512, 1024)
+
+    key_layout = staticmethod(CpuOps.key_layout)
+
+    def weight(self, w: torch.Tensor) -> torch.Tensor | Bf16Stack:
+        if w.dim() == 3:
+            return Bf16Stack([self.weight(m) for m in w])
+        return torch.ops.mkldnn._reorder_linear_weight(w.to(torch.bfloat16), 1)
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x16 = x.to(torch.bfloat16)
+        if len(x) <= self.MAX_ROWS or w.shape[1] <= self.MAX_K:
+            return torch.ops.mkldnn._linear_pointwise(x16, w, None, "none", [], "").float()
+        return torch.cat([self.linear(rows, w) for rows in x16.split(self.MAX_ROWS)])
+
+    def assert_row_invariant(self, w: torch.Tensor) -> None:
+        """Raise unless a product with the packed weight w gives every row the bits of the same
+        row computed alone, for every number of rows up to MAX_ROWS and at CHECKED_ROWS."""
+        counts = [*range(2, self.MAX_ROWS + 1), *(self.CHECKED_ROWS if w.shape[1] <= self.MAX_K else ())]
+        x = torch.randn(max(counts), w.shape[1], generator=torch.Generator().manual_seed(0))
+        alone = torch.cat([self.linear(row, w) for row in x.split(1)])
+        for m in counts:
+            if not torch.equal(self.linear(x[:m], w), alone[:m]):
+                raise RuntimeError(
+                    f"dtype bfloat16 on this CPU: oneDNN computes a row of a ({w.shape[0]} x {w.shape[1]}) product "
+                    f"differently when {m} rows share it, so speculation would not be exact; use dtype float32"
+                )
+
+    def embedding_table(self, embed: torch.Tensor, tied_lm_head: Weight | None) -> torch.Tensor:
+        return embed.to(torch.bfloat16)  # oneDNN's packed layout has no rows to look up
+
+    def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return table[tokens].float()
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        kernels.rmsnorm(x.numpy(), weight.numpy(), eps, out.numpy())
+        return out
+
+    def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
+        q = torch.empty(qkv.shape[0], n_heads, head_dim)
+        kernels.rope_store(qkv.numpy(), cos.numpy(), sin.numpy(), positions.numpy(), slots.numpy(), n_heads, n_kv,
+                           q.numpy(), k_cache.numpy(), v_cache.numpy())  # fmt: skip
+        return q
+
+    def attention(self, q, k_cache, v_cache, slots, positions) -> torch.Tensor:
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2])
+        kernels.attention(q.numpy(), k_cache.numpy(), v_cache.numpy(), slots.numpy(), positions.numpy(), out.numpy())
+        return out
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2)
+        kernels.swiglu(gate_up.numpy(), out.numpy())
+        return out
