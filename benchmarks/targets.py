@@ -37,6 +37,7 @@ from specdec.client.report import same_text_as_baseline
 from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.config import load_profile
 from specdec.engine.engine import Engine
+from specdec.engine.model import resolve_dtype
 from specdec.progress import console
 from specdec.serve import Ports, TritonServer
 
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
          f"{max(aa):.2f}x", ">= 0.97x"),
     ]  # fmt: skip
     prompts = ", ".join(f"{role}: {source}" for role, source in workloads.items())
-    lines = [f"Machine: {summary_line(machine)}. Prompts: {prompts}.", ""]
+    dtype = resolve_dtype(profile.engine.dtype, profile.engine.device)
+    lines = [f"Machine: {summary_line(machine)}. Engine dtype: {dtype}. Prompts: {prompts}.", ""]
     lines += ["| figure | measured | target |", "|---|---|---|"]
     lines += [f"| {name} | {value} | {target} |" for name, value, target in figures]
     lines += [
@@ -167,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "targets.md").write_text("\n".join(lines) + "\n")
     (args.out / "targets.json").write_text(
-        json.dumps({"machine": machine, "figures": figures, "verification": verify, "levels": rows}, indent=1)
+        json.dumps(
+            {"machine": machine, "dtype": dtype, "figures": figures, "verification": verify, "levels": rows}, indent=1
+        )
     )
     console.print("\n".join(lines))
     return 1 if any(r["errors"] for r in rows) else 0

@@ -25,7 +25,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_dtype(dtype: str, device: str) -> str:
     """The profile's dtype, with "auto" made concrete: bfloat16 on CUDA and on a CPU with AMX
-    bf16 tiles (CpuBf16Ops: a verification of 8 drafts costs ~1.1x a step, a prefill a third of
+    bf16 tiles (CpuBf16Ops: a verification of 8 drafts costs ~1.1x a step, a prefill 0.4x
     float32's), float32 on other CPUs (where bf16 products have no fast kernel)."""
     if dtype != "auto":
         return dtype
