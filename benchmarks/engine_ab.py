@@ -1,6 +1,6 @@
 """The engine's forwards at another git revision against this tree's, taking turns.
 
-    .venv/bin/python benchmarks/engine_ab.py --base REV [--pairs 20]
+    .venv/bin/python benchmarks/engine_ab.py --base REV [--pairs 20] [--dtype bfloat16]
 
 Checks REV out into a temporary git worktree and runs two worker processes, one importing the
 engine from there, one from this tree, each with the embedded target over its own KV cache. They
@@ -10,6 +10,8 @@ sequences of one row each, and a 250-token prefill. Prints the median of each an
 the paired ratios (this tree / base), then how far the logits of a 250-token prompt move between
 the two and whether every greedy choice stays. Any revision whose Llama has this tree's
 forward(cache, tokens, positions, slots, logit_rows) can be the base, whatever its kernels.
+--dtype sets this tree's engine dtype (the base's stays float32): `--base HEAD --dtype bfloat16`
+compares the two CPU engines of this build.
 """
 
 from __future__ import annotations
@@ -47,14 +49,14 @@ def cases(prompt):
     return out
 
 
-def worker(model_dir: str) -> None:
+def worker(model_dir: str, dtype: str) -> None:
     """Answers each line of stdin: a case name -> its forward's seconds; "logits" -> the logits
     of every position of the prompt (.npy bytes, hex)."""
     import torch
 
     from specdec.engine.model import Llama
 
-    model = Llama(Path(model_dir))
+    model = Llama(Path(model_dir), dtype=dtype)
     cache = model.new_cache(17, 1024)
     prompt = torch.randint(0, model.cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0))
 
@@ -82,12 +84,12 @@ def worker(model_dir: str) -> None:
 
 
 class Worker:
-    def __init__(self, source: Path, model_dir: Path):
+    def __init__(self, source: Path, model_dir: Path, dtype: str = "float32"):
         # libgomp's threads spin a while after each parallel region: in the waiting process they
         # would spin into the other one's forward
         env = {"GOMP_SPINCOUNT": "10000", **os.environ, "PYTHONPATH": str(source)}
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(model_dir)],
+            [sys.executable, __file__, "--worker", str(model_dir), "--dtype", dtype],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=source,
         )  # fmt: skip
         self.cases = json.loads(self.process.stdout.readline())
@@ -106,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", help="git revision whose engine to compare with")
     ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="this tree's engine dtype")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.worker)
+        worker(args.worker, args.dtype)
         return 0
     if not args.base:
         ap.error("--base is required")
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             workers = {
                 "base": Worker(tree, profile.model_dir("target")),
-                "this tree": Worker(REPO, profile.model_dir("target")),
+                "this tree": Worker(REPO, profile.model_dir("target"), args.dtype),
             }
             seconds = {case: {name: [] for name in workers} for case in workers["base"].cases}
             with progress_bar() as bar:
@@ -139,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
 
     lines = [
-        f"The engine of this tree against {args.base}'s, {args.pairs} pairs each, forward ms (median):",
+        f"The engine of this tree ({args.dtype}) against {args.base}'s (float32), {args.pairs} pairs each, "
+        "forward ms (median):",
         "",
         "| forward | base | this tree | this tree / base, median of pairs |",
         "|---|---|---|---|",
