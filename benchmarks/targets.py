@@ -8,8 +8,9 @@
    (in this process, the engine the server runs): the best of 40 of each, and the median ratio
    of 40 interleaved pairs (the two forwards of a pair run under the same load of the machine);
 3. prompt lookup on input-grounded prompts at batch 1: output tokens/s against no speculation;
-4. throughput of speculation (prompt lookup, adaptive draft length) against no speculation at
-   concurrency 1..32 on grounded and on open-ended chat prompts: the lowest ratio. Beside it, the
+4. throughput of speculation (prompt lookup, adaptive draft length up to the profile's
+   max_draft_tokens) against no speculation at concurrency 1..32 on grounded and on open-ended
+   chat prompts: the lowest ratio. Beside it, the
    same comparison for an A/A arm (prompt lookup's path with drafting off, `ngram:0`: the
    baseline's work) says how far two identical arms drift apart in this run, by chance and by
    the shared machine: the yardstick for a ratio near 1.
@@ -41,7 +42,6 @@ from specdec.engine.model import resolve_dtype
 from specdec.progress import console
 from specdec.serve import Ports, TritonServer
 
-NGRAM = Arm("ngram", 8)
 SAME_AS_BASELINE = Arm("ngram", 0)
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 VERIFY_PAIRS = 40  # 1-row / 5-row forward pairs behind the verification figure
@@ -68,11 +68,12 @@ def throughput_ratio(arm: ArmSummary, baseline: ArmSummary) -> float | None:
     return arm.output_throughput / baseline.output_throughput if baseline.output_throughput else None
 
 
-def sweep(server: TritonServer, role: str, workload: str, concurrency: int, max_tokens: int) -> dict:
-    """One cell: the three arms on `workload` (a built-in name or a .jsonl file) at concurrency C."""
+def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrency: int, max_tokens: int) -> dict:
+    """One cell: the three arms (the baseline, `ngram`, the A/A arm) on `workload` (a built-in
+    name or a .jsonl file) at concurrency C."""
     options = WorkloadOptions(max_tokens=max_tokens)
     config = BenchConfig(
-        arms=(BASELINE, NGRAM, SAME_AS_BASELINE),
+        arms=(BASELINE, ngram, SAME_AS_BASELINE),
         loads=(Load(concurrency=concurrency),),
         workloads=(workload,),
         num_requests=max(8, 4 * concurrency),
@@ -88,7 +89,7 @@ def sweep(server: TritonServer, role: str, workload: str, concurrency: int, max_
     (level,) = result.levels
     summaries = level_summaries(level, config.arms, SLO())
     base, spec, same_work = (summaries[arm.name] for arm in config.arms)
-    same, total = same_text_as_baseline(level, NGRAM.name)
+    same, total = same_text_as_baseline(level, ngram.name)
     return {
         "workload": role,
         "prompts": workload,
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(err))
     profile = load_profile()
     build(profile)
+    ngram = Arm("ngram", profile.speculation.max_draft_tokens)  # adaptive: up to the profile's longest draft
     machine = describe()
     engine = Engine(profile.model_dir("target"), dtype=profile.engine.dtype, kv_slots=2, max_seq_len=256,
                     threads=profile.engine.threads)  # fmt: skip
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     with TritonServer(profile, ports=Ports.free()) as server:
         for role, workload in workloads.items():
             for c in levels:
-                rows.append(sweep(server, role, workload, c, args.max_tokens))
+                rows.append(sweep(server, ngram, role, workload, c, args.max_tokens))
                 console.print(rows[-1])
     first = {r["workload"]: r for r in rows if r["concurrency"] == 1}["grounded"]
     plain_tok_s = 1 / first["baseline_tpot_p50_s"]

@@ -60,7 +60,7 @@ def test_every_key_out_of_range_is_named(path):
 @pytest.mark.parametrize(
     ("path", "value", "reason"),
     [
-        ("speculation.num_draft_tokens", 9, "num_draft_tokens (9) must be <= max_draft_tokens (8)"),
+        ("speculation.num_draft_tokens", 16, "num_draft_tokens (16) must be <= max_draft_tokens (15)"),
         ("speculation.ngram.min_n", 5, "min_n"),
         ("engine.max_seq_len", 8, "greater than or equal to 16"),
         ("server.host", "example.com", "'example.com' is not an IP address"),
