@@ -165,16 +165,19 @@ def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target, dtype):
     assert torch.equal(together, one_by_one)
 
 
+def _prompt_logits(model: Llama) -> torch.Tensor:
+    """The logits of every position of an 8-token prompt."""
+    tokens = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79], dtype=torch.int64)
+    args = (tokens, torch.arange(8), torch.zeros(8, dtype=torch.int64), torch.arange(8))
+    return model.forward(model.new_cache(1, 32), *args)
+
+
 def test_cpu_kernels_agree_with_the_torch_implementation(tiny_target):
     """Two independent implementations of the same forward (numba on CPU, torch for CUDA)."""
     cpu = Llama(tiny_target)
-    ref = Llama(tiny_target, ops=TorchOps())
     assert isinstance(cpu.ops, CpuOps)
-    tokens = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79], dtype=torch.int64)
-    args = (tokens, torch.arange(8), torch.zeros(8, dtype=torch.int64), torch.arange(8))
-    a = cpu.forward(cpu.new_cache(1, 32), *args)
-    b = ref.forward(ref.new_cache(1, 32), *args)
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(_prompt_logits(cpu), _prompt_logits(Llama(tiny_target, ops=TorchOps())),
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
 
 
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536)])  # SmolLM2's q/k/v and down projections
@@ -205,11 +208,7 @@ def test_bf16_forward_is_close_to_float32(tiny_target):
     """CpuBf16Ops rounds weights and projection inputs to bf16 (8 bits of mantissa) and keeps the
     rest in float32: its logits stay within bf16's error of the float32 forward's."""
     bf16 = Llama(tiny_target, dtype="bfloat16")
-    ref = Llama(tiny_target, ops=TorchOps())
     assert isinstance(bf16.ops, CpuBf16Ops)
-    tokens = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79], dtype=torch.int64)
-    args = (tokens, torch.arange(8), torch.zeros(8, dtype=torch.int64), torch.arange(8))
-    a = bf16.forward(bf16.new_cache(1, 32), *args)
-    b = ref.forward(ref.new_cache(1, 32), *args)
+    a, b = _prompt_logits(bf16), _prompt_logits(Llama(tiny_target, ops=TorchOps()))
     assert not torch.equal(a, b)  # it did compute in bf16
     assert (a - b).abs().max() < 0.03 * b.abs().max()

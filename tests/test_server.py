@@ -226,7 +226,7 @@ BAD = [
     ({"text_input": "word " * 1500, "max_tokens": 1000}, "max_tokens"),  # fits alone, not with the output
     ({"text_input": "hi", "max_tokens": 8, "draft_method": "magic"}, "draft_method"),
     ({"text_input": "hi", "max_tokens": 8, "num_draft_tokens": -1}, "num_draft_tokens"),
-    ({"text_input": "hi", "max_tokens": 8, "num_draft_tokens": 9}, "num_draft_tokens"),
+    ({"text_input": "hi", "max_tokens": 8, "num_draft_tokens": 16}, "num_draft_tokens"),  # max_draft_tokens is 15
     ({"text_input": "hi", "max_tokens": 8, "temperature": -1.0}, "temperature"),
     ({"text_input": "hi", "max_tokens": 8, "top_p": 1.5}, "top_p"),
     ({"text_input": "hi", "max_tokens": 8, "top_k": -3}, "top_k"),
