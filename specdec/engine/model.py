@@ -123,6 +123,7 @@ class Llama:
         if isinstance(self.ops, CpuBf16Ops):
             for w in (self.layers.wqkv[0], self.layers.wo[0], self.layers.w_gate_up[0], self.layers.w_down[0]):
                 self.ops.assert_row_invariant(w)
+            self.ops.assert_row_invariant(self.lm_head, self.ops.LM_HEAD_ROWS)
 
     def _load(self, model_dir: Path) -> None:
         files = sorted(model_dir.glob("*.safetensors"))
