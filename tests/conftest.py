@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from specdec.engine.ops import CpuBf16Ops
+
 TINY = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -136,6 +138,11 @@ def variant_server(base, smollm_dir: Path, name: str, draft_layers: int = 4, **u
 
     with TritonServer(variant_profile(base, smollm_dir, name, draft_layers, **updates), ports=Ports.free()) as srv:
         yield srv
+
+
+# Only CPUs with AMX pick bf16 by themselves (dtype auto); on others these tests cannot run.
+_BF16_UNAVAILABLE = CpuBf16Ops.unsupported()
+needs_bf16 = pytest.mark.skipif(_BF16_UNAVAILABLE is not None, reason=f"bf16 engine: {_BF16_UNAVAILABLE}")
 
 
 def with_dtype(profile, dtype: str) -> dict:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import needs_bf16
 
 from specdec.engine import kernels
-from specdec.engine.model import Llama
+from specdec.engine.model import Llama, resolve_dtype
 from specdec.engine.ops import CpuBf16Ops, CpuOps, TorchOps
 
 
@@ -139,7 +140,7 @@ def test_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_di
     np.testing.assert_allclose(together, want.reshape(len(q), -1), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bf16)])
 def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target, dtype):
     """Prefill + a k-row verification in one call, mixed with another sequence, gives the same
     logits as decoding each token alone: the property greedy exactness stands on."""
@@ -181,6 +182,7 @@ def test_cpu_kernels_agree_with_the_torch_implementation(tiny_target):
 
 
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536)])  # SmolLM2's q/k/v and down projections
+@needs_bf16
 def test_bf16_products_rows_are_bitwise_independent_of_the_batch(n, k):
     """CpuBf16Ops's products, past the 128 rows at which oneDNN's order changes for K = 1536."""
     ops = CpuBf16Ops()
@@ -195,6 +197,7 @@ def test_bf16_products_rows_are_bitwise_independent_of_the_batch(n, k):
     torch.testing.assert_close(alone, bf16, rtol=1e-2, atol=1e-2)
 
 
+@needs_bf16
 def test_bf16_load_refuses_a_product_whose_rows_depend_on_the_batch(tiny_target, monkeypatch):
     """If this CPU's oneDNN summed a row differently beside others, exactness would be lost:
     the model must not load (here a product made to depend on its number of rows)."""
@@ -204,6 +207,18 @@ def test_bf16_load_refuses_a_product_whose_rows_depend_on_the_batch(tiny_target,
         Llama(tiny_target, dtype="bfloat16")
 
 
+def test_bf16_on_a_cpu_without_bf16_products(tiny_target, monkeypatch):
+    """Where oneDNN has no bf16 product (no AVX-512), dtype auto picks float32 and an explicit
+    bfloat16 is refused with a message naming the setting, not torch's error at the first product."""
+    reason = "dtype bfloat16 on this CPU: no oneDNN product"
+    monkeypatch.setattr(CpuBf16Ops, "unsupported", staticmethod(lambda: reason))
+    assert resolve_dtype("auto", "cpu") == "float32"
+    assert isinstance(Llama(tiny_target, dtype="auto").ops, CpuOps)
+    with pytest.raises(RuntimeError, match=f"{reason}; use dtype float32"):
+        Llama(tiny_target, dtype="bfloat16")
+
+
+@needs_bf16
 def test_bf16_forward_is_close_to_float32(tiny_target):
     """CpuBf16Ops rounds weights and projection inputs to bf16 (8 bits of mantissa) and keeps the
     rest in float32: its logits stay within bf16's error of the float32 forward's."""

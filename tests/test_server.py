@@ -17,7 +17,7 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
-from conftest import variant_server, with_dtype
+from conftest import needs_bf16, variant_server, with_dtype
 from prompts import PASSAGE, PROMPTS
 
 from specdec.client.client import GenerationParams, TritonClient, http_generate
@@ -93,6 +93,7 @@ def bf16_server(embedded_profile, smollm_dir):
         yield srv
 
 
+@needs_bf16
 def test_bfloat16_speculation_is_exact_against_its_own_plain_decoding(bf16_server, prompt_ids, reference, tokenizer):
     """bf16 products: every row of a verification gets the bits it gets alone, so each proposer
     and draft length reproduces plain bf16 decoding; bf16 rounding makes a few tokens differ

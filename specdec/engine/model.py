@@ -26,10 +26,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_dtype(dtype: str, device: str) -> str:
     """The profile's dtype, with "auto" made concrete: bfloat16 on CUDA and on a CPU with AMX
     bf16 tiles (CpuBf16Ops: a verification of 8 drafts costs ~1.1x a step, a prefill 0.4x
-    float32's), float32 on other CPUs (where bf16 products have no fast kernel)."""
+    float32's), float32 on other CPUs (where bf16 products are slow, or their rows depend on
+    their batch, or there are none: CpuBf16Ops.unsupported())."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if torch.device(device).type == "cuda" or get_host_cpu_features().get("amx-bf16") else "float32"
+    if torch.device(device).type == "cuda":
+        return "bfloat16"
+    amx = get_host_cpu_features().get("amx-bf16")
+    return "bfloat16" if amx and CpuBf16Ops.unsupported() is None else "float32"
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,8 @@ class Llama:
         if self.device.type == "cpu":
             if dtype == "float16":
                 raise ValueError("dtype: the CPU engine computes in float32 or with bfloat16 products, not float16")
+            if dtype == "bfloat16" and ops is None and (reason := CpuBf16Ops.unsupported()):
+                raise RuntimeError(f"{reason}; use dtype float32 (or auto)")
             self.ops = ops or (CpuBf16Ops() if dtype == "bfloat16" else CpuOps())
             self.dtype = torch.float32  # activations, norms and cache; CpuBf16Ops rounds its weights itself
         else:

@@ -13,6 +13,7 @@ cache is laid out as key_layout() says (values are (slots, kv_heads, max_len, he
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -182,6 +183,24 @@ class CpuBf16Ops(TorchOps):
     LM_HEAD_ROWS = (*range(2, 18), 24, 32, 64, 128, 160, 256)  # its rows: one per draft token + 1
 
     key_layout = staticmethod(CpuOps.key_layout)
+
+    @staticmethod
+    @functools.cache
+    def unsupported() -> str | None:
+        """Why this CPU cannot run bf16 products exactly, or None. torch's oneDNN bf16 product
+        needs AVX-512 (elsewhere it raises at the first product), and without AMX its rows depend
+        on their batch (this Xeon with ONEDNN_MAX_CPU_ISA=AVX512_CORE: from 19 rows at K = 576;
+        AVX512_CORE_BF16: from 5 rows at K = 1536), which a probe of SmolLM2's weight shapes at
+        up to MAX_ROWS rows finds (0.2 s, once a process). A model's weights are checked again
+        when it loads."""
+        ops, g = CpuBf16Ops(), torch.Generator().manual_seed(0)
+        try:
+            for n, k in ((960, 576), (3072, 576), (576, 1536)):  # q/k/v, gate/up, down
+                ops.assert_row_invariant(ops.weight(torch.randn(n, k, generator=g)), tuple(range(2, ops.MAX_ROWS + 1)))
+        except RuntimeError as err:
+            reason = str(err).splitlines()[0]
+            return reason if reason.startswith("dtype") else f"dtype bfloat16 on this CPU: no oneDNN product ({reason})"
+        return None
 
     def weight(self, w: torch.Tensor) -> torch.Tensor | Bf16Stack:
         if w.dim() == 3:
