@@ -11,7 +11,10 @@ length without running the model again, for any draft length k:
   one whose continuation is accepted furthest: the most any rule for choosing among its matches
   could accept;
 - an oracle copier: each round drafts the longest continuation (k at most 16) that occurs
-  anywhere in the context so far, the most any prompt lookup could accept.
+  anywhere in the context so far, the most any prompt lookup could accept;
+- a tree of its matches (not built in the engine): the continuations of all the suffix's matches
+  merged into a trie, of which the k most likely nodes are verified in one forward of k + 1 rows
+  (match_tree), accepting the longest path that agrees with the output.
 Each replay is priced with the engine's measured forward times by row count (calibrate()) and
 each prompt's measured prefill, as batch-1 tokens/s against plain decoding; "free verify"
 prices a forward over k + 1 rows as one row. Writes copy_bound.md and copy_bound.json.
@@ -41,8 +44,9 @@ from specdec.proposers import NgramProposer
 from specdec.tokenizer import TextTokenizer
 
 MAX_K = 16
-# propose(context, continuation, k) -> draft; only the oracle looks at the continuation
-Propose = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+# propose(context, continuation, k) -> drafts verified together, as the paths of a tree of at
+# most k nodes (one draft: a chain); only the oracle looks at the continuation
+Propose = Callable[[np.ndarray, np.ndarray, int], list[np.ndarray]]
 
 
 @dataclass
@@ -60,36 +64,63 @@ def occurs(context: np.ndarray, span: np.ndarray) -> bool:
     return bool((sliding_window_view(context, len(span)) == span).all(axis=1).any())
 
 
-def oracle_copy(context: np.ndarray, continuation: np.ndarray, k: int) -> np.ndarray:
+def oracle_copy(context: np.ndarray, continuation: np.ndarray, k: int) -> list[np.ndarray]:
     """The longest head of the continuation (at most k tokens) found anywhere in the context."""
     length = 0
     while length < min(k, len(continuation)) and occurs(context, continuation[: length + 1]):
         length += 1
-    return continuation[:length]
+    return [continuation[:length]]
 
 
 def best_match(ngram: NgramProposer) -> Propose:
-    def propose(context: np.ndarray, continuation: np.ndarray, k: int) -> np.ndarray:
+    def propose(context: np.ndarray, continuation: np.ndarray, k: int) -> list[np.ndarray]:
         drafts = [context[start : start + k] for start in ngram.matches(context)[0]]
-        return max(drafts, key=lambda d: accepted_length(d, continuation), default=context[:0])
+        return [max(drafts, key=lambda d: accepted_length(d, continuation), default=context[:0])]
 
     return propose
 
 
+def match_tree(ngram: NgramProposer, recency: float = 0.5, decay: float = 0.8) -> Propose:
+    """The k most likely nodes of the trie of all the suffix's matches' continuations. A match
+    weighs recency^(its age in matches) (the most recent 1); a node's likelihood is its parent's
+    times the share of the parent's weight that goes on to it, times decay a token."""
+
+    def propose(context: np.ndarray, _continuation: np.ndarray, k: int) -> list[np.ndarray]:
+        starts = ngram.matches(context)[0]
+        weight: dict[tuple[int, ...], float] = {}
+        for age, start in enumerate(starts[::-1]):
+            path = tuple(context[start : start + k].tolist())
+            for depth in range(1, len(path) + 1):
+                weight[path[:depth]] = weight.get(path[:depth], 0.0) + recency**age
+        total = sum(w for node, w in weight.items() if len(node) == 1)
+        likely: dict[tuple[int, ...], float] = {}
+        for node in sorted(weight, key=len):  # parents first
+            parent = likely.get(node[:-1], 1.0), weight.get(node[:-1], total)
+            likely[node] = parent[0] * weight[node] / parent[1] * decay
+        return [np.asarray(node) for node in sorted(likely, key=likely.get, reverse=True)[:k]]
+
+    return propose
+
+
+def tree_rows(drafts: list[np.ndarray]) -> int:
+    """Draft rows of a tree with these paths: their distinct prefixes."""
+    return len({tuple(d[: i + 1].tolist()) for d in drafts for i in range(len(d))})
+
+
 def replay(sample: Sample, propose: Propose, k: int) -> list[int]:
-    """The draft length of each round (0: a plain step) of replaying the sample's greedy decoding
+    """The draft rows of each round (0: a plain step) of replaying the sample's greedy decoding
     with drafts of at most k tokens; len() is the number of rounds."""
-    tokens, i, drafts = list(sample.prompt), 0, []
+    tokens, i, rows = list(sample.prompt), 0, []
     out = sample.output
     while i < len(out):
         # the prefill round carries no draft (as in spec_decode); a round never goes past the output's end
         budget = min(k, len(out) - i - 1) if i else 0
-        draft = propose(np.asarray(tokens), out[i:], budget) if budget > 0 else out[:0]
-        n = accepted_length(draft, out[i:])
-        drafts.append(len(draft))
+        drafts = propose(np.asarray(tokens), out[i:], budget) if budget > 0 else []
+        n = max((accepted_length(d, out[i:]) for d in drafts), default=0)
+        rows.append(tree_rows(drafts))
         tokens += out[i : i + n + 1].tolist()
         i += n + 1
-    return drafts
+    return rows
 
 
 def forward_times(engine: Engine, rows: tuple[int, ...], passes: int = 10) -> dict[int, float]:
@@ -134,8 +165,9 @@ def groups(samples: list[Sample]) -> dict[str, list[Sample]]:
 def analyse(samples: list[Sample], step: dict[int, float], ngram: NgramProposer) -> list[dict]:
     free = dict.fromkeys(step, step[1])
     proposers: dict[str, Propose] = {
-        "ngram": lambda context, _continuation, k: ngram.propose(context, k),
+        "ngram": lambda context, _continuation, k: [ngram.propose(context, k)],
         "best match": best_match(ngram),
+        "match tree": match_tree(ngram),
         "oracle": oracle_copy,
     }
     rows = []
