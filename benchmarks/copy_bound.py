@@ -94,9 +94,9 @@ def match_tree(ngram: NgramProposer, recency: float = 0.5, decay: float = 0.8) -
                 weight[path[:depth]] = weight.get(path[:depth], 0.0) + recency**age
         total = sum(w for node, w in weight.items() if len(node) == 1)
         likely: dict[tuple[int, ...], float] = {}
-        for node in sorted(weight, key=len):  # parents first
-            parent = likely.get(node[:-1], 1.0), weight.get(node[:-1], total)
-            likely[node] = parent[0] * weight[node] / parent[1] * decay
+        for node in sorted(weight, key=len):  # parents first; a first token's parent is the root
+            parent = node[:-1]
+            likely[node] = likely.get(parent, 1.0) * weight[node] / weight.get(parent, total) * decay
         return [np.asarray(node) for node in sorted(likely, key=likely.get, reverse=True)[:k]]
 
     return propose
