@@ -271,9 +271,10 @@ def test_synthetic_prompts_have_the_asked_length_and_ignore_the_end_token():
 
 def test_jsonl_in_genai_perf_format(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    path.write_text(json.dumps({"text": "Hello"}) + "\n\n" + json.dumps({"text_input": "Bye", "max_tokens": 5}) + "\n")
+    lines = [{"text": "Hello"}, {"text_input": "Bye", "max_tokens": 5, "kind": "qa"}]
+    path.write_text(json.dumps(lines[0]) + "\n\n" + json.dumps(lines[1]) + "\n")
     prompts = from_jsonl(path, max_tokens=64)
-    assert [(p.text, p.max_tokens) for p in prompts] == [("Hello", 64), ("Bye", 5)]
+    assert [(p.text, p.max_tokens, p.kind) for p in prompts] == [("Hello", 64, "file"), ("Bye", 5, "qa")]
     path.write_text('{"nope": 1}\n')
     with pytest.raises(ValueError, match=":1: expected"):
         load_workload(str(path), WorkloadOptions())

@@ -127,7 +127,8 @@ def from_jsonl(path: Path, max_tokens: int) -> list[Prompt]:
         except (json.JSONDecodeError, StopIteration, TypeError) as err:
             raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' field") from err
         n = item.get("max_tokens", item.get("output_length", max_tokens))
-        prompts.append(Prompt(str(text), "file", int(n)))
+        # an optional task label: the report's per-kind tables and copy_bound's rows group by it
+        prompts.append(Prompt(str(text), str(item.get("kind", "file")), int(n)))
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
