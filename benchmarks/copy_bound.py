@@ -6,7 +6,8 @@ Generates each prompt's greedy output with the engine the server runs (in this p
 request at a time), then replays its decoding offline. Greedy verification accepts exactly the
 common prefix of a draft and the real continuation, so the replay gives each round's accepted
 length without running the model again, for any draft length k:
-- our n-gram proposer (the profile's min_n/max_n), k fixed at 1..16;
+- our n-gram proposer as spec_decode runs it (PromptLookup, the profile's min_n/max_n), k fixed
+  at 1..16;
 - its best match: of all the earlier occurrences of the suffix the n-gram proposer matched, the
   one whose continuation is accepted furthest: the most any rule for choosing among its matches
   could accept;
@@ -40,7 +41,7 @@ from specdec.config import load_profile
 from specdec.engine.engine import Engine, GenerationRequest
 from specdec.loop import accepted_length
 from specdec.progress import console, progress_bar
-from specdec.proposers import NgramProposer
+from specdec.proposers import NgramProposer, PromptLookup
 from specdec.tokenizer import TextTokenizer
 
 MAX_K = 16
@@ -70,6 +71,15 @@ def oracle_copy(context: np.ndarray, continuation: np.ndarray, k: int) -> list[n
     while length < min(k, len(continuation)) and occurs(context, continuation[: length + 1]):
         length += 1
     return [continuation[:length]]
+
+
+def served_lookup(lookup: PromptLookup) -> Propose:
+    """spec_decode's prompt lookup for one request (it follows the copy it was making)."""
+
+    def propose(context: np.ndarray, _continuation: np.ndarray, k: int) -> list[np.ndarray]:
+        return [np.asarray(lookup.draft(context.tolist(), k), dtype=np.int64)]
+
+    return propose
 
 
 def best_match(ngram: NgramProposer) -> Propose:
@@ -164,11 +174,12 @@ def groups(samples: list[Sample]) -> dict[str, list[Sample]]:
 
 def analyse(samples: list[Sample], step: dict[int, float], ngram: NgramProposer) -> list[dict]:
     free = dict.fromkeys(step, step[1])
-    proposers: dict[str, Propose] = {
-        "ngram": lambda context, _continuation, k: [ngram.propose(context, k)],
-        "best match": best_match(ngram),
-        "match tree": match_tree(ngram),
-        "oracle": oracle_copy,
+    # each sample's proposer: the served prompt lookup keeps state along a request
+    proposers: dict[str, Callable[[Sample], Propose]] = {
+        "ngram": lambda sample: served_lookup(PromptLookup(ngram, len(sample.prompt))),
+        "best match": lambda _sample: best_match(ngram),
+        "match tree": lambda _sample: match_tree(ngram),
+        "oracle": lambda _sample: oracle_copy,
     }
     rows = []
     for kind, group in groups(samples).items():
@@ -177,8 +188,8 @@ def analyse(samples: list[Sample], step: dict[int, float], ngram: NgramProposer)
                      "prefill_share": sum(s.prefill_s for s in group)
                      / sum(s.prefill_s + len(s.output) * step[1] for s in group),
                      "proposers": {}}  # fmt: skip
-        for name, propose in proposers.items():
-            by_k = {k: [replay(s, propose, k) for s in group] for k in range(1, MAX_K + 1)}
+        for name, make in proposers.items():
+            by_k = {k: [replay(s, make(s), k) for s in group] for k in range(1, MAX_K + 1)}
             best = max(by_k, key=lambda k: price(group, by_k[k], step, prefill=True))
             row["proposers"][name] = {
                 "tokens_per_round_max_k": tokens / sum(len(r) for r in by_k[MAX_K]),

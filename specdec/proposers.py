@@ -48,10 +48,15 @@ class NgramProposer:
                 return hits + n, n
         return np.zeros(0, dtype=np.int64), 0
 
-    def lookup(self, tokens: np.ndarray) -> Lookup:
-        """The match a draft comes from: the most recent of the longest suffix's occurrences."""
+    def lookup(self, tokens: np.ndarray, resume: int | None = None) -> Lookup:
+        """The match a draft comes from: of the longest suffix's occurrences, the first whose
+        continuation starts at or after `resume` (where the previous accepted copy left off: a
+        copy goes on from there), else the most recent."""
         starts, n = self.matches(tokens)
-        return Lookup(int(starts[-1]), n) if n else NO_MATCH
+        if not n:
+            return NO_MATCH
+        later = starts[starts >= resume] if resume is not None else starts[:0]
+        return Lookup(int(later[0] if len(later) else starts[-1]), n)
 
     def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
         tokens = np.asarray(tokens)
@@ -61,25 +66,53 @@ class NgramProposer:
 
 class PromptLookup:
     """One request's prompt lookups: the evidence its draft length is decided by (the length of
-    the match) and the draft after it come from one search of the sequence."""
+    the match) and the draft after it come from one search of the sequence.
+
+    Among the suffix's matches it prefers the one that goes on from where its last accepted
+    draft left off in the sequence (NgramProposer.lookup's resume): a rewrite copies its source
+    in order, while the most recent occurrence of a short suffix is often elsewhere. Replayed
+    over the greedy outputs of benchmarks/copy_bound.py with the bf16 engine's forward times, at
+    k = 15: 2.39x against 2.34x on the built-in grounded prompts (code 5.09x against 4.73x),
+    2.24x against 2.19x held out."""
 
     def __init__(self, ngram: NgramProposer, prompt_length: int):
         self.ngram, self.prompt_length = ngram, prompt_length
         self._found = (-1, NO_MATCH)  # (length of the sequence searched, what was found)
+        self._drafted: tuple[int, int, int] | None = None  # the last draft: (sequence length, start, tokens)
+        self._resume: int | None = None  # where the last accepted draft's copy left off
 
     def find(self, tokens: list[int]) -> Lookup:
         if self._found[0] != len(tokens):
+            self._follow(tokens)
             # In the prefill round the suffix is the prompt's own tail (after a chat template, the
             # assistant header), which the answer does not continue: none of 168 such draft
             # tokens over the built-in prompts was accepted, and they cost rows of every batch
             # they joined. Lookup starts with the first generated token.
-            found = self.ngram.lookup(np.asarray(tokens)) if len(tokens) > self.prompt_length else NO_MATCH
+            found = (
+                self.ngram.lookup(np.asarray(tokens), self._resume) if len(tokens) > self.prompt_length else NO_MATCH
+            )
             self._found = (len(tokens), found)
         return self._found[1]
+
+    def _follow(self, tokens: list[int]) -> None:
+        """Move the resume point past what the target accepted of the last draft."""
+        if self._drafted is None:
+            return
+        length, start, count = self._drafted
+        accepted = loop.accepted_length(tokens[start : start + count], tokens[length:])
+        if accepted:
+            self._resume = start + accepted
+        self._drafted = None
 
     def evidence(self, tokens: list[int]) -> int:
         return self.find(tokens).length
 
-    async def propose(self, tokens: list[int], k: int) -> loop.Draft:
+    def draft(self, tokens: list[int], k: int) -> list[int]:
         found = self.find(tokens)
-        return loop.Draft(tokens[found.start : found.start + k]) if found.length else loop.NO_DRAFT
+        ids = tokens[found.start : found.start + k] if found.length else []
+        if ids:
+            self._drafted = (len(tokens), found.start, len(ids))
+        return ids
+
+    async def propose(self, tokens: list[int], k: int) -> loop.Draft:
+        return loop.Draft(self.draft(tokens, k))

@@ -19,6 +19,14 @@ def test_most_recent_occurrence_wins():
     assert NgramProposer(1, 1).propose(tokens, 1).tolist() == [2]
 
 
+def test_lookup_resumes_at_the_first_match_from_a_point():
+    tokens = np.array([7, 1, 7, 2, 7, 3, 7])  # "7" followed by 1, 2, 3: continuations start at 1, 3, 5
+    ngram = NgramProposer(1, 1)
+    assert ngram.lookup(tokens).start == 5  # the most recent
+    assert ngram.lookup(tokens, resume=2).start == 3
+    assert ngram.lookup(tokens, resume=6).start == 5  # none from there on: the most recent
+
+
 def test_matches_lists_every_earlier_occurrence_of_the_longest_suffix():
     tokens = np.array([1, 2, 3, 9, 4, 2, 3, 7, 2, 3])
     starts, n = NgramProposer(1, 3).matches(tokens)
@@ -56,3 +64,15 @@ def test_prompt_lookup_gives_its_match_length_and_drafts_from_that_match():
     assert asyncio.run(lookup.propose(tokens, 2)).ids == [5, 9]
     assert lookup.evidence([*prompt, 7]) == 0
     assert asyncio.run(lookup.propose([*prompt, 7], 2)).ids == []
+
+
+def test_prompt_lookup_goes_on_with_the_copy_it_was_making():
+    """The target accepted a draft copied from prompt[1:], then wrote a token of its own; when
+    the next suffix (a 5) also occurs later, the copy goes on from where it left off."""
+    prompt = [7, 5, 1, 2, 3, 5, 8, 9, 4]
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
+    assert lookup.draft([*prompt, 7], 1) == [5]  # "7" matched at prompt[0]
+    assert lookup.draft([*prompt, 7, 5, 6], 3) == []  # 5 accepted, then 6: no match
+    assert lookup.draft([*prompt, 7, 5, 6, 5], 3) == [1, 2, 3]  # the 5 at prompt[1], where the copy was
+    fresh = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
+    assert fresh.draft([*prompt, 7, 5, 6, 5], 3) == [6, 5]  # without it: the most recent 5
