@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import needs_bf16
 
-from specdec.engine import kernels
+from specdec.engine import amx, kernels
 from specdec.engine.model import Llama, resolve_dtype
 from specdec.engine.ops import CpuBf16Ops, CpuOps, TorchOps
 
@@ -181,36 +181,77 @@ def test_cpu_kernels_agree_with_the_torch_implementation(tiny_target):
                                rtol=1e-4, atol=1e-4)  # fmt: skip
 
 
-@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536)])  # SmolLM2's q/k/v and down projections
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (40, 50)])  # SmolLM2's q/k/v and down; padded
 @needs_bf16
 def test_bf16_products_rows_are_bitwise_independent_of_the_batch(n, k):
-    """CpuBf16Ops's products, past the 128 rows at which oneDNN's order changes for K = 1536."""
+    """CpuBf16Ops's AMX products: each row the same bits whatever shares its tiles, and the
+    float32 sums of the bf16-rounded terms (here a shape that fills no tile, too)."""
     ops = CpuBf16Ops()
     g = torch.Generator().manual_seed(0)
     matrix = torch.randn(n, k, generator=g) / k**0.5
     w = ops.weight(matrix)
     x = torch.randn(300, k, generator=g)
     alone = torch.cat([ops.linear(row, w) for row in x.split(1)])
-    for m in (1, 5, 9, 17, 64, 128, 130, 150, 200, 256, 300):
+    for m in (1, 5, 9, 16, 17, 64, 130, 300):
         assert torch.equal(ops.linear(x[:m], w), alone[:m]), m
-    bf16 = x.bfloat16().float() @ matrix.bfloat16().float().T  # the exact sums of the rounded terms
-    torch.testing.assert_close(alone, bf16, rtol=1e-2, atol=1e-2)
+    bf16 = x.bfloat16().double() @ matrix.bfloat16().double().T  # the exact sums of the rounded terms
+    torch.testing.assert_close(alone.double(), bf16, rtol=1e-5, atol=1e-5)
 
 
+def _bf16(a: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).bfloat16().double().numpy()
+
+
+@pytest.mark.parametrize("head_dim", [16, 48, 64, 128])  # keys padded to 32; 1, 3, 4 and 2 x 4 value tiles
 @needs_bf16
-def test_bf16_load_refuses_a_product_whose_rows_depend_on_the_batch(tiny_target, monkeypatch):
-    """If this CPU's oneDNN summed a row differently beside others, exactness would be lost:
-    the model must not load (here a product made to depend on its number of rows)."""
-    exact = CpuBf16Ops.linear
-    monkeypatch.setattr(CpuBf16Ops, "linear", lambda self, x, w: exact(self, x, w) + 1e-3 * (len(x) > 40))
-    with pytest.raises(RuntimeError, match=r"41 rows share it.*use dtype float32"):
-        Llama(tiny_target, dtype="bfloat16")
+def test_amx_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_dim):
+    """amx.attention over a cache amx.rope_store wrote (positions never written hold NaNs): a
+    prefill, a verification and a decode row in one call, each row the same bits as alone, and
+    softmax(q k / sqrt(Dh)) v with q, k, v and the probabilities rounded to bf16."""
+    g = np.random.default_rng(2)
+    n_slots, n_kv, n_heads, max_len = 3, 2, 6, 160
+    slots = np.array([0] * 70 + [1] * 50 + [2] * 101)
+    positions = np.array([*range(70), *range(50), *range(101)])
+    qkv = g.standard_normal((len(slots), (n_heads + 2 * n_kv) * head_dim), dtype=np.float32)
+    angles = np.outer(np.arange(max_len), 10000.0 ** -(np.arange(0, head_dim, 2) / head_dim))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    key_shape, value_shape = amx.cache_shapes(n_slots, n_kv, max_len, head_dim)
+    keys, values = np.full(key_shape, -64, np.int16), np.full(value_shape, -64, np.int16)  # 0xFFC0: NaN
+    q = np.empty((len(slots), n_heads, head_dim), np.float32)
+    amx.rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv, q, keys, values)
+    rows = np.array([*range(60, 70), *range(110, 120), 220])  # a prefill's end, 10 drafts, a step
+
+    def attention(m: np.ndarray) -> np.ndarray:
+        out = np.empty((len(m), n_heads * head_dim), np.float32)
+        amx.attention(q[m], keys, values, slots[m], positions[m], out)
+        return out
+
+    together = attention(rows)
+    assert np.array_equal(together, np.concatenate([attention(rows[i : i + 1]) for i in range(len(rows))]))
+    assert np.array_equal(attention(np.arange(70))[60:], together[:10])  # inside a whole prefill
+    k_all = qkv[:, n_heads * head_dim : (n_heads + n_kv) * head_dim].reshape(-1, n_kv, head_dim)
+    want = np.empty((len(rows), n_heads, head_dim))
+    for i, m in enumerate(rows):
+        mine = (slots == slots[m]) & (positions <= positions[m])  # rows of its sequence so far
+        pos = positions[mine]
+        c, s_ = cos[pos], sin[pos]
+        for h in range(n_heads):
+            kv = h // (n_heads // n_kv)
+            k = k_all[mine, kv]
+            k = np.concatenate([k[:, : head_dim // 2] * c - k[:, head_dim // 2 :] * s_,
+                                k[:, head_dim // 2 :] * c + k[:, : head_dim // 2] * s_], axis=1)  # fmt: skip
+            v = qkv[mine, (n_heads + n_kv + kv) * head_dim : (n_heads + n_kv + kv + 1) * head_dim]
+            scores = _bf16(k) @ _bf16(q[m, h] / np.sqrt(head_dim))
+            p = np.exp(scores - scores.max())
+            want[i, h] = _bf16(p) @ _bf16(v) / p.sum()
+    np.testing.assert_allclose(together, want.reshape(len(rows), -1), rtol=1e-4, atol=1e-4)
 
 
-def test_bf16_on_a_cpu_without_bf16_products(tiny_target, monkeypatch):
-    """Where oneDNN has no bf16 product (no AVX-512), dtype auto picks float32 and an explicit
-    bfloat16 is refused with a message naming the setting, not torch's error at the first product."""
-    reason = "dtype bfloat16 on this CPU: no oneDNN product"
+def test_bf16_on_a_cpu_without_amx(tiny_target, monkeypatch):
+    """Where there are no AMX tiles (or Linux refuses them), dtype auto picks float32 and an
+    explicit bfloat16 is refused with a message naming the setting, not a SIGILL at the first
+    tile instruction."""
+    reason = "dtype bfloat16 on this CPU: no AMX bf16 tiles"
     monkeypatch.setattr(CpuBf16Ops, "unsupported", staticmethod(lambda: reason))
     assert resolve_dtype("auto", "cpu") == "float32"
     assert isinstance(Llama(tiny_target, dtype="auto").ops, CpuOps)

@@ -78,16 +78,15 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def _set_threads(threads: int | None, dtype: str) -> None:
-    """numba runs the heavy kernels on `threads` cores (default: all). In float32 torch only does
-    small glue ops; one thread keeps its OpenMP pool from competing with numba's. In bfloat16
-    torch's oneDNN computes the products: they get the cores too."""
+def _set_threads(threads: int | None) -> None:
+    """numba runs the heavy kernels on `threads` cores (default: all). On CPU torch only does
+    small glue ops: one thread keeps its OpenMP pool from competing with numba's."""
     import os
 
     import numba
 
     cores = threads or os.cpu_count() or 1
-    torch.set_num_threads(cores if dtype == "bfloat16" else 1)
+    torch.set_num_threads(1)
     numba.set_num_threads(min(cores, numba.config.NUMBA_NUM_THREADS))
 
 
@@ -124,7 +123,7 @@ class Engine:
         lock_file: str | Path | None = None,
     ):
         dtype = resolve_dtype(dtype, device)
-        _set_threads(threads, dtype)
+        _set_threads(threads)
         self.forward_lock = ForwardLock(lock_file)
         self.model = Llama(Path(model_dir), device=device, dtype=dtype)
         self.max_seq_len = min(max_seq_len, self.model.cfg.max_position_embeddings)

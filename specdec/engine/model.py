@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from llvmlite.binding import get_host_cpu_features
 from safetensors.torch import load_file
 
 from specdec.engine.ops import CpuBf16Ops, CpuOps, TorchOps, Weight
@@ -32,8 +31,7 @@ def resolve_dtype(dtype: str, device: str) -> str:
         return dtype
     if torch.device(device).type == "cuda":
         return "bfloat16"
-    amx = get_host_cpu_features().get("amx-bf16")
-    return "bfloat16" if amx and CpuBf16Ops.unsupported() is None else "float32"
+    return "bfloat16" if CpuBf16Ops.unsupported() is None else "float32"
 
 
 @dataclass(frozen=True)
@@ -126,10 +124,6 @@ class Llama:
         else:
             self.ops = ops or TorchOps()
         self._load(Path(model_dir))
-        if isinstance(self.ops, CpuBf16Ops):
-            for w in (self.layers.wqkv[0], self.layers.wo[0], self.layers.w_gate_up[0], self.layers.w_down[0]):
-                self.ops.assert_row_invariant(w)
-            self.ops.assert_row_invariant(self.lm_head, self.ops.LM_HEAD_ROWS)
 
     def _load(self, model_dir: Path) -> None:
         files = sorted(model_dir.glob("*.safetensors"))
@@ -173,7 +167,8 @@ class Llama:
         return sum(t.nbytes for t in (self.lm_head, self.norm, *vars(self.layers).values()))
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
-        return KVCache(self.cfg, slots, max_len, self.device, self.dtype, self.ops.key_layout)
+        dtype = self.ops.cache_dtype or self.dtype
+        return KVCache(self.cfg, slots, max_len, self.device, dtype, self.ops.cache_layout)
 
     @torch.inference_mode()
     def forward(
@@ -192,17 +187,17 @@ class Llama:
 
 
 class KVCache:
-    """Preallocated keys/values: values (layers, slots, kv_heads, max_len, head_dim), keys
-    (layers, *key_layout(slots, kv_heads, max_len, head_dim)): the ops' layout. Allocated with
-    torch.empty, so on CPU only the pages a sequence actually writes become resident."""
+    """Preallocated keys/values, (layers, *shape) for the shapes layout(slots, kv_heads, max_len,
+    head_dim) gives: the ops' layout. Allocated with torch.empty, so on CPU only the pages a
+    sequence actually writes become resident."""
 
     def __init__(
         self, cfg: LlamaConfig, slots: int, max_len: int, device: torch.device, dtype: torch.dtype,
-        key_layout: Callable[[int, int, int, int], tuple[int, ...]],
+        layout: Callable[[int, int, int, int], tuple[tuple[int, ...], ...]],
     ):  # fmt: skip
-        kv_heads, layers = cfg.num_key_value_heads, cfg.num_hidden_layers
-        self.k = torch.empty(layers, *key_layout(slots, kv_heads, max_len, cfg.head_dim), device=device, dtype=dtype)
-        self.v = torch.empty(layers, slots, kv_heads, max_len, cfg.head_dim, device=device, dtype=dtype)
+        keys, values = layout(slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.empty(cfg.num_hidden_layers, *keys, device=device, dtype=dtype)
+        self.v = torch.empty(cfg.num_hidden_layers, *values, device=device, dtype=dtype)
         self.max_len = max_len
         cos, sin = rope_tables(cfg, max_len)
         self.cos, self.sin = cos.to(device), sin.to(device)

@@ -1,0 +1,384 @@
+"""Attention over a bfloat16 KV cache on AMX tiles, for CpuBf16Ops, with per-row invariant arithmetic.
+
+Why: kernels.attention's float32 products run at the cores' FMA peak, so a verification's 16
+rows cost 2.5x a step's attention (ctx 600: 4.6 against 1.8 ms a forward), and its float32 cache
+is what a step's attention waits on. Here both products (queries by keys, probabilities by
+values) are AMX TDPBF16PS tile products, bf16 terms summed in float32, over a cache half the size.
+
+A tile is 16 rows of 64 bytes: 16 x 32 bf16 or 16 x 16 float32. TDPBF16PS adds to each row of
+its float32 tile the products of that row of A with B, B holding pairs of bf16 along its rows
+(the "VNNI" layout). So the cache is kept in the layouts B needs:
+- keys (S, G, ceil(T / 16), Dk / 2, 16, 2), Dk = Dh rounded up to 32: per 16 positions, tile
+  rows of pairs of key features;
+- values (S, G, ceil(T / 32) * 16, Dh, 2): rows of pairs of positions.
+Each row of a tile product is computed alone by the hardware, in the same order of terms, so a
+row's result depends only on its own inputs, as in kernels.py: the positions past a row's own
+have probability 0, and add nothing. The softmax between the two products is kernels.py's, in
+float32; the probabilities go to the second product rounded to bf16 (as in flash attention), and
+its sums are divided by the float32 sum of the unrounded ones.
+
+AMX needs Linux's permission per process (arch_prctl), and each thread loads the tile shapes
+(TILE_CONFIG) before its first tile instruction.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+from llvmlite import ir
+from llvmlite.binding import get_host_cpu_features
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from specdec.engine.kernels import _FAST, _exp, _fmax, _row_blocks
+
+KEY_BLOCK = 16  # positions of a tile of keys
+VALUE_BLOCK = 32  # positions of a tile of values: 16 rows of pairs
+ROWS = 16  # rows of a tile: queries of one kv head, ROWS // group rows of one sequence at most
+PAIR = 32  # bf16 in a tile's row
+PV_TILES = 4  # tiles 4..7 hold up to 4 x 16 columns of the output while positions stream past
+
+_I8 = ir.IntType(8)
+_PTR = _I8.as_pointer()
+_I64 = ir.IntType(64)
+
+
+def tile_config() -> np.ndarray:
+    """ldtilecfg's 64 bytes: palette 1, tiles 0..7 all 16 rows of 64 bytes."""
+    cfg = np.zeros(64, dtype=np.uint8)
+    cfg[0] = 1
+    for tile in range(8):
+        cfg[16 + 2 * tile] = 64  # bytes per row (a little-endian u16)
+        cfg[48 + tile] = ROWS
+    return cfg
+
+
+TILE_CONFIG = tile_config()
+
+
+def _request_tiles() -> str | None:
+    """Ask Linux for AMX tile state for this process (all its threads); why not, or None."""
+    features = get_host_cpu_features()
+    if not (features.get("amx-bf16") and features.get("amx-tile")):
+        return "no AMX bf16 tiles"
+    arch_prctl, req_xcomp_perm, xtiledata = 158, 0x1023, 18  # x86-64 Linux
+    if ctypes.CDLL(None, use_errno=True).syscall(arch_prctl, req_xcomp_perm, xtiledata) != 0:
+        return f"Linux refused AMX tiles to this process (errno {ctypes.get_errno()})"
+    return None
+
+
+_UNAVAILABLE = _request_tiles()  # at import: a tile instruction without the permission is SIGILL
+
+
+def unavailable() -> str | None:
+    """Why AMX bf16 tiles cannot be used in this process, or None."""
+    return _UNAVAILABLE
+
+
+def _call(builder, name: str, arg_types: list, args: list) -> None:
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), arg_types), name)
+    builder.call(fn, args)
+
+
+@intrinsic
+def _load_config(typingctx, cfg):
+    """ldtilecfg cfg (a uint8 array of 64); tilerelease when released."""
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        _call(builder, "llvm.x86.ldtilecfg", [_PTR], [builder.bitcast(data, _PTR)])
+        return context.get_dummy_value()
+
+    return types.void(cfg), codegen
+
+
+@intrinsic
+def _release(typingctx):
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.tilerelease", [], [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+def _literals(*tiles) -> bool:
+    return all(isinstance(t, types.IntegerLiteral) for t in tiles)
+
+
+def _imm(tile) -> ir.Constant:
+    return ir.Constant(_I8, tile.literal_value)
+
+
+@intrinsic(prefer_literal=True)
+def _zero(typingctx, tile):
+    """tilezero tile (a constant)."""
+    if not _literals(tile):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.tilezero", [_I8], [_imm(tile)])
+        return context.get_dummy_value()
+
+    return types.void(tile), codegen
+
+
+def _memory(name: str):
+    """An intrinsic (tile, array, offset, stride): `name` (tileloadd64 or tilestored64) between
+    tile (a constant) and 16 rows of memory from array.flat[offset] on, stride bytes apart."""
+
+    @intrinsic(prefer_literal=True)
+    def move(typingctx, tile, arr, offset, stride):
+        if not _literals(tile):
+            return None
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[1])(context, builder, args[1]).data
+            offset_v, stride_v = (v if v.type == _I64 else builder.sext(v, _I64) for v in args[2:])
+            address = builder.bitcast(builder.gep(data, [offset_v]), _PTR)
+            _call(builder, name, [_I8, _PTR, _I64], [_imm(tile), address, stride_v])
+            return context.get_dummy_value()
+
+        return types.void(tile, arr, offset, stride), codegen
+
+    return move
+
+
+@intrinsic
+def _prefetch(typingctx, arr, offset):
+    """Ask for the 2 KB from arr.flat[offset] on (32 lines) into L2, ahead of their use."""
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        offset_v = args[1] if args[1].type == _I64 else builder.sext(args[1], _I64)
+        start = builder.bitcast(builder.gep(data, [offset_v]), _PTR)
+        i32 = ir.IntType(32)
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_PTR, i32, i32, i32]), "llvm.prefetch.p0"
+        )
+        for line in range(0, 2048, 64):
+            address = builder.gep(start, [ir.Constant(_I64, line)])
+            builder.call(prefetch, [address, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, offset), codegen
+
+
+_load = _memory("llvm.x86.tileloadd64")
+_store = _memory("llvm.x86.tilestored64")
+
+
+@intrinsic(prefer_literal=True)
+def _dot(typingctx, c, a, b):
+    """tdpbf16ps c, a, b: c (float32) += a (bf16) @ b (bf16 pairs), tiles given as constants."""
+    if not _literals(c, a, b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.tdpbf16ps", [_I8] * 3, [_imm(c), _imm(a), _imm(b)])
+        return context.get_dummy_value()
+
+    return types.void(c, a, b), codegen
+
+
+@intrinsic
+def _bf16(typingctx, x):
+    """float32 -> bf16 bits (int16), rounded to nearest, ties to even; in instructions LLVM
+    vectorizes."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        rounded = builder.add(bits, builder.add(odd, ir.Constant(i32, 0x7FFF)))
+        return builder.trunc(builder.lshr(rounded, ir.Constant(i32, 16)), ir.IntType(16))
+
+    return types.int16(types.float32), codegen
+
+
+def cache_shapes(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of the keys and values of one layer (see the module's docstring)."""
+    if head_dim % 16:
+        raise ValueError(f"head_dim: the bf16 CPU engine needs a multiple of 16, got {head_dim}")
+    padded = -(-head_dim // PAIR) * PAIR
+    keys = (slots, kv_heads, -(-max_len // KEY_BLOCK), padded // 2, KEY_BLOCK, 2)
+    values = (slots, kv_heads, -(-max_len // VALUE_BLOCK) * VALUE_BLOCK // 2, head_dim, 2)
+    return keys, values
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):  # pragma: no cover
+    """kernels.rope_store, into this module's bf16 cache (keys, values: int16 bits, one layer);
+    a key's padding features are written as zeros."""
+    m_rows = qkv.shape[0]
+    head_dim = q_out.shape[2]
+    half = head_dim // 2
+    k_off = n_heads * head_dim
+    v_off = k_off + n_kv_heads * head_dim
+    for m in prange(m_rows):
+        pos, s = positions[m], slots[m]
+        for h in range(n_heads):
+            base = h * head_dim
+            for i in range(half):
+                a, b = qkv[m, base + i], qkv[m, base + half + i]
+                q_out[m, h, i] = a * cos[pos, i] - b * sin[pos, i]
+                q_out[m, h, half + i] = b * cos[pos, i] + a * sin[pos, i]
+        block, lane = pos // KEY_BLOCK, pos % KEY_BLOCK
+        for g in range(n_kv_heads):
+            key = keys[s, g, block]
+            base = k_off + g * head_dim
+            for i in range(half):
+                a, b = qkv[m, base + i], qkv[m, base + half + i]
+                key[i // 2, lane, i % 2] = _bf16(a * cos[pos, i] - b * sin[pos, i])
+                key[(half + i) // 2, lane, (half + i) % 2] = _bf16(b * cos[pos, i] + a * sin[pos, i])
+            for i in range(head_dim, 2 * key.shape[0]):
+                key[i // 2, lane, i % 2] = 0
+            for i in range(head_dim):
+                values[s, g, pos // 2, i, pos % 2] = _bf16(qkv[m, v_off + g * head_dim + i])
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def attention(q, keys, values, slots, positions, out):  # pragma: no cover - compiled
+    """kernels.attention over this module's bf16 cache (one layer), on AMX tiles.
+
+    q: (M, H, Dh) float32; out: (M, H * Dh) float32. A run of up to ROWS // group rows of one
+    sequence and the group query heads of a kv head make the rows of the tiles (padded with
+    zeros to whole tiles)."""
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    n_kv, key_width = keys.shape[1], 2 * keys.shape[3]
+    group = n_heads // n_kv
+    scale = np.float32(1.0 / math.sqrt(head_dim))
+    starts = _row_blocks(slots, positions, max(1, ROWS // group))
+    items = (len(starts) - 1) * n_kv
+    for i in prange(items):
+        item = i // 2 if i % 2 == 0 else items - 1 - i // 2  # as kernels.attention: equal shares
+        m0, m1 = starts[item // n_kv], starts[item // n_kv + 1]
+        g, s = item % n_kv, slots[m0]
+        length = positions[m1 - 1] + 1
+        n_q = (m1 - m0) * group
+        row_tiles = -(-n_q // ROWS)
+        x = np.zeros((row_tiles * ROWS, key_width), dtype=np.int16)
+        for r in range(n_q):
+            for d in range(head_dim):
+                x[r, d] = _bf16(q[m0 + r // group, g * group + r % group, d] * scale)
+        key_blocks = -(-length // KEY_BLOCK)
+        value_blocks = -(-length // VALUE_BLOCK)
+        scores = np.empty((row_tiles * ROWS, key_blocks * KEY_BLOCK), dtype=np.float32)
+        width = scores.shape[1]
+        _load_config(TILE_CONFIG)
+        for rt in range(row_tiles):
+            for t in range(key_blocks):
+                _zero(0)
+                for c in range(key_width // PAIR):  # tile 1: 16 queries' features; 2: keys'
+                    _load(1, x, rt * ROWS * key_width + c * PAIR, 2 * key_width)
+                    _load(2, keys[s, g, t], c * ROWS * PAIR, 2 * PAIR)
+                    _dot(0, 1, 2)
+                _store(0, scores, rt * ROWS * width + t * KEY_BLOCK, 4 * width)
+        p = np.zeros((row_tiles * ROWS, value_blocks * VALUE_BLOCK), dtype=np.int16)  # bf16
+        inv = np.empty(n_q, dtype=np.float32)  # 1 / each softmax's sum, applied to its output
+        for r in range(n_q):
+            own = positions[m0 + r // group] + 1
+            top = np.float32(-np.inf)
+            for t in range(own):
+                top = _fmax(top, scores[r, t])
+            denom = np.float32(0.0)
+            for t in range(own):
+                e = _exp(scores[r, t] - top)
+                p[r, t] = _bf16(e)
+                denom += e
+            inv[r] = np.float32(1.0) / denom
+        # the last block's positions from `length` on may hold anything (NaN times 0 is NaN):
+        # it goes through a copy with zeros there
+        last = np.zeros((VALUE_BLOCK // 2, head_dim, 2), dtype=np.int16)
+        first = (value_blocks - 1) * VALUE_BLOCK
+        for pos in range(first, length):
+            for d in range(head_dim):
+                last[(pos - first) // 2, d, pos % 2] = values[s, g, pos // 2, d, pos % 2]
+        result = np.empty((row_tiles * ROWS, head_dim), dtype=np.float32)
+        row_bytes = 4 * head_dim  # a row of values: head_dim pairs of bf16
+        for rt in range(row_tiles):
+            for col in range(0, head_dim, 16 * PV_TILES):  # tiles 4..7: 16 columns each
+                cols = min(16 * PV_TILES, head_dim - col) // 16
+                _zero(4)
+                _zero(5)
+                _zero(6)
+                _zero(7)
+                for b in range(value_blocks):
+                    _load(1, p, rt * ROWS * p.shape[1] + b * VALUE_BLOCK, 2 * p.shape[1])
+                    block = values[s, g] if b < value_blocks - 1 else last
+                    at = (b * VALUE_BLOCK * head_dim if b < value_blocks - 1 else 0) + 2 * col
+                    _load(2, block, at, row_bytes)
+                    _dot(4, 1, 2)
+                    if cols > 1:
+                        _load(3, block, at + 32, row_bytes)
+                        _dot(5, 1, 3)
+                    if cols > 2:
+                        _load(2, block, at + 64, row_bytes)
+                        _dot(6, 1, 2)
+                    if cols > 3:
+                        _load(3, block, at + 96, row_bytes)
+                        _dot(7, 1, 3)
+                at = rt * ROWS * head_dim + col
+                _store(4, result, at, row_bytes)
+                if cols > 1:
+                    _store(5, result, at + 16, row_bytes)
+                if cols > 2:
+                    _store(6, result, at + 32, row_bytes)
+                if cols > 3:
+                    _store(7, result, at + 48, row_bytes)
+        _release()
+        for r in range(n_q):
+            h = g * group + r % group
+            for d in range(head_dim):
+                out[m0 + r // group, h * head_dim + d] = result[r, d] * inv[r]
+
+
+PREFETCH_AHEAD = 8 * 1024  # elements of w (16 KB) ahead of the tiles in use
+GROUP = 2  # tiles of 16 output features a thread computes together: tiles 0, 1
+
+
+def pack_weight(w) -> np.ndarray:
+    """(N, K) bf16 bits (int16) -> (ceil(N / 32), ceil(K / 32), GROUP, 16, 16, 2): for each group
+    of 32 output features and each 32 terms, the two B tiles (16 pairs of terms by 16 features),
+    in the order matmul streams them; padded with zeros."""
+    n_out, k_dim = w.shape
+    n_pad, k_pad = -(-n_out // (16 * GROUP)) * 16 * GROUP, -(-k_dim // PAIR) * PAIR
+    padded = np.zeros((n_pad, k_pad), dtype=np.int16)
+    padded[:n_out, :k_dim] = w
+    tiles = padded.reshape(n_pad // (16 * GROUP), GROUP, 16, k_pad // PAIR, PAIR // 2, 2)
+    return np.ascontiguousarray(tiles.transpose(0, 3, 1, 4, 2, 5))
+
+
+@njit(parallel=True, cache=True)
+def matmul(x, w, out):  # pragma: no cover - compiled
+    """out[:M, :32 G] = x @ W.T in bf16 products summed in float32: x (M, K) float32, w (G, C, ...)
+    pack_weight of W, out (ceil(M / 16) * 16, >= 32 G) float32 (its rows past M: padding)."""
+    m_rows, k_dim = x.shape
+    groups, chunks = w.shape[0], w.shape[1]
+    row_tiles = -(-m_rows // ROWS)
+    a = np.zeros((row_tiles * ROWS, chunks * PAIR), dtype=np.int16)
+    for m in range(m_rows):
+        for k in range(k_dim):
+            a[m, k] = _bf16(x[m, k])
+    a_row, out_row = a.shape[1], out.shape[1]
+    for g in prange(groups):
+        _load_config(TILE_CONFIG)
+        for rt in range(row_tiles):
+            _zero(0)
+            _zero(1)
+            for c in range(chunks):
+                _load(2, a, rt * ROWS * a_row + c * PAIR, 2 * a_row)
+                tiles = (g * chunks + c) * GROUP * ROWS * PAIR
+                _prefetch(w, tiles + PREFETCH_AHEAD)
+                _load(3, w, tiles, 2 * PAIR)
+                _dot(0, 2, 3)
+                _load(4, w, tiles + ROWS * PAIR, 2 * PAIR)
+                _dot(1, 2, 4)
+            at = rt * ROWS * out_row + g * GROUP * 16
+            _store(0, out, at, 4 * out_row)
+            _store(1, out, at + 16, 4 * out_row)
+        _release()
