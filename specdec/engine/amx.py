@@ -338,7 +338,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
 
 
 PREFETCH_AHEAD = 8 * 1024  # elements of w (16 KB) ahead of the tiles in use
-GROUP = 2  # tiles of 16 output features a thread computes together: tiles 0, 1
+GROUP = 2  # tiles of 16 output features a thread computes together
 
 
 def pack_weight(w) -> np.ndarray:
@@ -367,18 +367,28 @@ def matmul(x, w, out):  # pragma: no cover - compiled
     a_row, out_row = a.shape[1], out.shape[1]
     for g in prange(groups):
         _load_config(TILE_CONFIG)
-        for rt in range(row_tiles):
+        for pair in range(0, row_tiles, 2):  # two tiles of rows at a time: each B tile loaded serves both
+            both = pair + 1 < row_tiles
             _zero(0)
             _zero(1)
+            _zero(2)
+            _zero(3)
             for c in range(chunks):
-                _load(2, a, rt * ROWS * a_row + c * PAIR, 2 * a_row)
                 tiles = (g * chunks + c) * GROUP * ROWS * PAIR
                 _prefetch(w, tiles + PREFETCH_AHEAD)
-                _load(3, w, tiles, 2 * PAIR)
-                _dot(0, 2, 3)
-                _load(4, w, tiles + ROWS * PAIR, 2 * PAIR)
-                _dot(1, 2, 4)
-            at = rt * ROWS * out_row + g * GROUP * 16
+                _load(4, a, pair * ROWS * a_row + c * PAIR, 2 * a_row)
+                _load(6, w, tiles, 2 * PAIR)
+                _load(7, w, tiles + ROWS * PAIR, 2 * PAIR)
+                _dot(0, 4, 6)
+                _dot(1, 4, 7)
+                if both:
+                    _load(5, a, (pair + 1) * ROWS * a_row + c * PAIR, 2 * a_row)
+                    _dot(2, 5, 6)
+                    _dot(3, 5, 7)
+            at = pair * ROWS * out_row + g * GROUP * 16
             _store(0, out, at, 4 * out_row)
             _store(1, out, at + 16, 4 * out_row)
+            if both:
+                _store(2, out, at + ROWS * out_row, 4 * out_row)
+                _store(3, out, at + ROWS * out_row + 16, 4 * out_row)
         _release()
