@@ -10,8 +10,9 @@ sequences of one row each, and a 250-token prefill. Prints the median of each an
 the paired ratios (this tree / base), then how far the logits of a 250-token prompt move between
 the two and whether every greedy choice stays. Any revision whose Llama has this tree's
 forward(cache, tokens, positions, slots, logit_rows) can be the base, whatever its kernels.
---dtype sets this tree's engine dtype (the base's stays float32): `--base HEAD --dtype bfloat16`
-compares the two CPU engines of this build.
+--dtype sets this tree's engine dtype, --base-dtype the base's (both float32 by default): `--base
+HEAD --dtype bfloat16` compares the two CPU engines of this build, `--base REV --dtype bfloat16
+--base-dtype bfloat16` two builds' bf16 engines.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", help="git revision whose engine to compare with")
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="this tree's engine dtype")
+    ap.add_argument("--base-dtype", default="float32", choices=["float32", "bfloat16"], help="the base's")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True)  # fmt: skip
         try:
             workers = {
-                "base": Worker(tree, profile.model_dir("target")),
+                "base": Worker(tree, profile.model_dir("target"), args.base_dtype),
                 "this tree": Worker(REPO, profile.model_dir("target"), args.dtype),
             }
             seconds = {case: {name: [] for name in workers} for case in workers["base"].cases}
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
 
     lines = [
-        f"The engine of this tree ({args.dtype}) against {args.base}'s (float32), {args.pairs} pairs each, "
+        f"The engine of this tree ({args.dtype}) against {args.base}'s ({args.base_dtype}), {args.pairs} pairs each, "
         "forward ms (median):",
         "",
         "| forward | base | this tree | this tree / base, median of pairs |",
