@@ -1,8 +1,8 @@
 """The operations the Llama forward needs, for three backends.
 
 CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 only.
-CpuBf16Ops: each projection's product in bfloat16 on oneDNN (AMX), attention on AMX tiles over a
-bf16 cache (amx.py), the rest CpuOps's float32 kernels.
+CpuBf16Ops: the projections and attention as bf16 AMX tile products (amx.py) over a bf16 cache,
+the rest CpuOps's float32 kernels.
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 decoder_layers() runs every decoder layer over the rows in place: TorchOps's is the layer
 written out, CpuOps's the same steps compiled into one call (kernels.decoder_layers). Both write
@@ -192,10 +192,10 @@ class CpuBf16Ops(TorchOps):
     def linear(self, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         out = torch.empty(-(-len(x) // amx.ROWS) * amx.ROWS, w.tiles.shape[0] * amx.GROUP * 16)
         amx.matmul(x.numpy(), w.tiles.numpy(), out.numpy())
-        return out[: len(x), : w.rows] if out.shape[1] == w.rows else out[: len(x), : w.rows].contiguous()
+        return out[: len(x), : w.rows].contiguous()  # a copy only where N is no multiple of 32
 
     def embedding_table(self, embed: torch.Tensor, tied_lm_head: Weight | None) -> torch.Tensor:
-        return embed.to(torch.bfloat16)  # oneDNN's packed layout has no rows to look up
+        return embed.to(torch.bfloat16)  # amx.pack_weight's layout has no rows to look up
 
     def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return table[tokens].float()
