@@ -34,7 +34,14 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from specdec.engine.kernels import _FAST, _exp, _fmax, _row_blocks
+from specdec.engine.kernels import (
+    _FAST,
+    _row_blocks,
+    qkv_offsets,
+    rotate_queries,
+    rotated,
+    softmax_numerators,
+)
 
 KEY_BLOCK = 16  # positions of a tile of keys
 VALUE_BLOCK = 32  # positions of a tile of values: 16 rows of pairs
@@ -228,27 +235,19 @@ def cache_shapes(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tupl
 def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):  # pragma: no cover
     """kernels.rope_store, into this module's bf16 cache (keys, values: int16 bits, one layer);
     a key's padding features are written as zeros."""
-    m_rows = qkv.shape[0]
     head_dim = q_out.shape[2]
-    half = head_dim // 2
-    k_off = n_heads * head_dim
-    v_off = k_off + n_kv_heads * head_dim
-    for m in prange(m_rows):
+    half, k_off, v_off = qkv_offsets(n_heads, n_kv_heads, head_dim)
+    for m in prange(qkv.shape[0]):
         pos, s = positions[m], slots[m]
-        for h in range(n_heads):
-            base = h * head_dim
-            for i in range(half):
-                a, b = qkv[m, base + i], qkv[m, base + half + i]
-                q_out[m, h, i] = a * cos[pos, i] - b * sin[pos, i]
-                q_out[m, h, half + i] = b * cos[pos, i] + a * sin[pos, i]
+        rotate_queries(qkv, m, pos, cos, sin, q_out)
         block, lane = pos // KEY_BLOCK, pos % KEY_BLOCK
         for g in range(n_kv_heads):
             key = keys[s, g, block]
             base = k_off + g * head_dim
             for i in range(half):
-                a, b = qkv[m, base + i], qkv[m, base + half + i]
-                key[i // 2, lane, i % 2] = _bf16(a * cos[pos, i] - b * sin[pos, i])
-                key[(half + i) // 2, lane, (half + i) % 2] = _bf16(b * cos[pos, i] + a * sin[pos, i])
+                lo, hi = rotated(qkv[m, base + i], qkv[m, base + half + i], cos[pos, i], sin[pos, i])
+                key[i // 2, lane, i % 2] = _bf16(lo)
+                key[(half + i) // 2, lane, (half + i) % 2] = _bf16(hi)
             for i in range(head_dim, 2 * key.shape[0]):
                 key[i // 2, lane, i % 2] = 0
             for i in range(head_dim):
@@ -299,16 +298,10 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
         inv = np.empty(n_q, dtype=np.float32)  # 1 / each softmax's sum, applied to its output
         for r in range(n_q):
             own = positions[m0 + r // group] + 1
-            top = np.float32(-np.inf)
+            inv[r] = np.float32(1.0) / softmax_numerators(scores[r], own)
             for t in range(own):
-                top = _fmax(top, scores[r, t])
-            denom = np.float32(0.0)
-            for t in range(own):
-                e = _exp(scores[r, t] - top)
-                p[r, t] = _bf16(e)
-                denom += e
+                p[r, t] = _bf16(scores[r, t])
             _zero_from(p[r], own)
-            inv[r] = np.float32(1.0) / denom
         # the last block's positions from `length` on may hold anything (NaN times 0 is NaN):
         # it goes through a copy with zeros there
         last = np.empty((VALUE_BLOCK // 2, head_dim, 2), dtype=np.int16)

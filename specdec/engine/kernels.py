@@ -258,6 +258,32 @@ def rmsnorm(x, weight, eps, out):  # pragma: no cover - compiled
             out[m, d] = x[m, d] * scale * weight[d]
 
 
+@njit(inline="always")
+def qkv_offsets(n_heads, n_kv_heads, head_dim):  # pragma: no cover - compiled
+    """Half a head, and where the keys and the values start in a row of the fused q/k/v output."""
+    k_off = n_heads * head_dim
+    return head_dim // 2, k_off, k_off + n_kv_heads * head_dim
+
+
+@njit(fastmath=_FAST, inline="always")
+def rotated(a, b, c, s):  # pragma: no cover - compiled
+    """A pair (a, b) of features half a head apart, rotated by the angle with cosine c, sine s."""
+    return a * c - b * s, b * c + a * s
+
+
+@njit(fastmath=_FAST, inline="always")
+def rotate_queries(qkv, m, pos, cos, sin, q_out):  # pragma: no cover - compiled
+    """q_out[m] = row m's queries (the first H heads of qkv[m]) rotated for position pos."""
+    n_heads, head_dim = q_out.shape[1], q_out.shape[2]
+    half = head_dim // 2
+    for h in range(n_heads):
+        base = h * head_dim
+        for i in range(half):
+            lo, hi = rotated(qkv[m, base + i], qkv[m, base + half + i], cos[pos, i], sin[pos, i])
+            q_out[m, h, i] = lo
+            q_out[m, h, half + i] = hi
+
+
 @njit(parallel=True, fastmath=_FAST, cache=True)
 def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_tiles, v_cache):  # pragma: no cover
     """Rotate q and k (half-split rotary, as Hugging Face Llama) and write k, v into the cache.
@@ -266,32 +292,37 @@ def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_ti
     q_out: (M, H, Dh); k_tiles: (S, G, T / TILE, Dh, TILE) (attention's layout); v_cache:
     (S, G, T, Dh).
     """
-    m_rows = qkv.shape[0]
     head_dim = q_out.shape[2]
-    half = head_dim // 2
-    k_off = n_heads * head_dim
-    v_off = k_off + n_kv_heads * head_dim
-    for m in prange(m_rows):
+    half, k_off, v_off = qkv_offsets(n_heads, n_kv_heads, head_dim)
+    for m in prange(qkv.shape[0]):
         pos = positions[m]
         s = slots[m]
         tile, lane = pos // TILE, pos % TILE
-        for h in range(n_heads):
-            base = h * head_dim
-            for i in range(half):
-                a = qkv[m, base + i]
-                b = qkv[m, base + half + i]
-                q_out[m, h, i] = a * cos[pos, i] - b * sin[pos, i]
-                q_out[m, h, half + i] = b * cos[pos, i] + a * sin[pos, i]
+        rotate_queries(qkv, m, pos, cos, sin, q_out)
         for g in range(n_kv_heads):
             base = k_off + g * head_dim
             for i in range(half):
-                a = qkv[m, base + i]
-                b = qkv[m, base + half + i]
-                k_tiles[s, g, tile, i, lane] = a * cos[pos, i] - b * sin[pos, i]
-                k_tiles[s, g, tile, half + i, lane] = b * cos[pos, i] + a * sin[pos, i]
+                lo, hi = rotated(qkv[m, base + i], qkv[m, base + half + i], cos[pos, i], sin[pos, i])
+                k_tiles[s, g, tile, i, lane] = lo
+                k_tiles[s, g, tile, half + i, lane] = hi
             vbase = v_off + g * head_dim
             for i in range(head_dim):
                 v_cache[s, g, pos, i] = qkv[m, vbase + i]
+
+
+@njit(fastmath=_FAST, inline="always")
+def softmax_numerators(scores, n):  # pragma: no cover - compiled
+    """scores[:n] -> exp(scores[:n] - their maximum), in place; returns their sum (a row's
+    softmax is these over it)."""
+    top = np.float32(-np.inf)
+    for t in range(n):
+        top = _fmax(top, scores[t])
+    denom = np.float32(0.0)
+    for t in range(n):
+        e = _exp(scores[t] - top)
+        scores[t] = e
+        denom += e
+    return denom
 
 
 ATTENTION_ROWS = 8  # rows of one sequence whose queries share each load of a key or value
@@ -356,15 +387,7 @@ def attention(q, k_tiles, v_cache, slots, positions, out):  # pragma: no cover -
         inv = np.empty(n_q, dtype=np.float32)  # 1 / each softmax's sum, applied to its output
         for r in range(n_q):
             own = positions[m0 + r // group] + 1
-            top = np.float32(-np.inf)
-            for t in range(own):
-                top = _fmax(top, p[r, t])
-            denom = np.float32(0.0)
-            for t in range(own):
-                e = _exp(p[r, t] - top)
-                p[r, t] = e
-                denom += e
-            inv[r] = np.float32(1.0) / denom
+            inv[r] = np.float32(1.0) / softmax_numerators(p[r], own)
             for t in range(own, length):
                 p[r, t] = np.float32(0.0)
         values = np.empty((n_q, head_dim), dtype=np.float32)
