@@ -14,7 +14,6 @@ layer's keys and values are laid out as cache_layout() says, in cache_dtype (Non
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -178,9 +177,8 @@ class CpuBf16Ops(TorchOps):
     cache_layout = staticmethod(amx.cache_shapes)
 
     @staticmethod
-    @functools.cache
     def unsupported() -> str | None:
-        """Why this CPU (or OS) cannot run the bf16 engine, or None."""
+        """Why this CPU (or OS) cannot run the bf16 engine, or None (amx.py asked when imported)."""
         reason = amx.unavailable()
         return f"dtype bfloat16 on this CPU: {reason}" if reason else None
 
