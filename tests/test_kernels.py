@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import needs_bf16
+from conftest import needs_bf16, write_tiny_llama
 
 from specdec.engine import amx, kernels
 from specdec.engine.model import Llama, resolve_dtype
@@ -259,12 +259,27 @@ def test_bf16_on_a_cpu_without_amx(tiny_target, monkeypatch):
         Llama(tiny_target, dtype="bfloat16")
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @needs_bf16
-def test_bf16_forward_is_close_to_float32(tiny_target):
+def test_bf16_forward_is_close_to_float32(tiny_target, tmp_path, padded):
     """CpuBf16Ops rounds weights and projection inputs to bf16 (8 bits of mantissa) and keeps the
-    rest in float32: its logits stay within bf16's error of the float32 forward's."""
-    bf16 = Llama(tiny_target, dtype="bfloat16")
+    rest in float32: its logits stay within bf16's error of the float32 forward's, and a row's
+    are the same bits in a prefill, a verification or a step. padded: widths that fill no tile
+    (hidden 40, MLP 72), whose padding amx.decoder_layers must leave out of the residual stream."""
+    model_dir = tiny_target
+    if padded:
+        model_dir = write_tiny_llama(tmp_path / "padded", hidden_size=40, intermediate_size=72,
+                                     num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    bf16 = Llama(model_dir, dtype="bfloat16")
     assert isinstance(bf16.ops, CpuBf16Ops)
-    a, b = _prompt_logits(bf16), _prompt_logits(Llama(tiny_target, ops=TorchOps()))
+    a, b = _prompt_logits(bf16), _prompt_logits(Llama(model_dir, ops=TorchOps()))
     assert not torch.equal(a, b)  # it did compute in bf16
     assert (a - b).abs().max() < 0.03 * b.abs().max()
+    tokens, cache, slot = (
+        torch.tensor([3, 14, 15, 92, 65, 35, 89, 79]),
+        bf16.new_cache(1, 32),
+        torch.zeros(8, dtype=torch.int64),
+    )
+    bf16.forward(cache, tokens[:5], torch.arange(5), slot[:5], torch.tensor([4]))
+    assert torch.equal(bf16.forward(cache, tokens[5:], torch.arange(5, 8), slot[5:], torch.arange(3)), a[5:])
+    assert torch.equal(bf16.forward(cache, tokens[7:], torch.arange(7, 8), slot[7:], torch.arange(1)), a[7:])

@@ -38,9 +38,11 @@ from specdec.engine.kernels import (
     _FAST,
     _row_blocks,
     qkv_offsets,
+    rmsnorm,
     rotate_queries,
     rotated,
     softmax_numerators,
+    swiglu,
 )
 
 KEY_BLOCK = 16  # positions of a tile of keys
@@ -418,3 +420,45 @@ def matmul(x, w, out):  # pragma: no cover - compiled
                 _store(2, out, at + ROWS * out_row, 4 * out_row)
                 _store(3, out, at + ROWS * out_row + 16, 4 * out_row)
         _release()
+
+
+@njit(parallel=True, cache=True)
+def _add_rows(x, padded):  # pragma: no cover - compiled
+    """x += padded[:M, :D] for x (M, D): a product's tiles (rows past M, columns past D: padding)
+    into the residual stream."""
+    for m in prange(x.shape[0]):
+        for d in range(x.shape[1]):
+            x[m, d] += padded[m, d]
+
+
+@njit(cache=True)
+def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, wo, mlp_norm, w_gate_up, gate_up_width,
+                   w_down, keys, values, cos, sin):  # pragma: no cover - compiled  # fmt: skip
+    """kernels.decoder_layers with this module's products over its bf16 cache: each layer's
+    weights the [i] of a stack of pack_weight's tiles, keys and values as cache_shapes for all
+    layers (int16 bits). Called once a forward: from Python each of its ~270 kernel calls cost
+    ~15 us, a quarter of a step. A product writes whole tiles, so its output has rows up to a
+    multiple of 16 and columns up to one of 32 (its first M rows go on: a C-contiguous view, which
+    the kernels are compiled for), and those feeding the residual stream are added into x."""
+    rows = x.shape[0]
+    padded = -(-rows // ROWS) * ROWS
+    n_kv, head_dim = values.shape[2], values.shape[4]
+    h = np.empty_like(x)
+    qkv = np.empty((padded, wqkv.shape[1] * GROUP * 16), dtype=np.float32)
+    q = np.empty((rows, n_heads, head_dim), dtype=np.float32)
+    attended = np.empty((rows, n_heads * head_dim), dtype=np.float32)
+    projected = np.empty((padded, wo.shape[1] * GROUP * 16), dtype=np.float32)  # wo's and w_down's
+    gate_up = np.empty((padded, w_gate_up.shape[1] * GROUP * 16), dtype=np.float32)
+    mlp = np.empty((rows, gate_up_width // 2), dtype=np.float32)
+    for i in range(attn_norm.shape[0]):
+        rmsnorm(x, attn_norm[i], eps, h)
+        matmul(h, wqkv[i], qkv)
+        rope_store(qkv[:rows], cos, sin, positions, slots, n_heads, n_kv, q, keys[i], values[i])
+        attention(q, keys[i], values[i], slots, positions, attended)
+        matmul(attended, wo[i], projected)
+        _add_rows(x, projected)
+        rmsnorm(x, mlp_norm[i], eps, h)
+        matmul(h, w_gate_up[i], gate_up)
+        swiglu(gate_up[:rows], mlp)  # its columns past 2F: padding
+        matmul(mlp, w_down[i], projected)
+        _add_rows(x, projected)

@@ -410,8 +410,8 @@ def swiglu(gate_up, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, qkv_width, wo, mlp_norm, w_gate_up,
-                   gate_up_width, w_down, k_cache, v_cache, cos, sin):  # pragma: no cover - compiled  # fmt: skip
+def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, wo, mlp_norm, w_gate_up, gate_up_width,
+                   w_down, k_cache, v_cache, cos, sin):  # pragma: no cover - compiled  # fmt: skip
     """x (M, D) += each layer's attention, then its MLP, in place: ops.TorchOps.decoder_layers
     with the kernels above, each layer's weights the [i] of a stack over the layers (packed as
     pack_weight; attn_norm, mlp_norm (L, D)), the cache as in rope_store for all layers (k_cache
@@ -419,7 +419,7 @@ def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, qkv_width
     rows = x.shape[0]
     n_kv, head_dim = k_cache.shape[2], k_cache.shape[4]
     h = np.empty_like(x)
-    qkv = np.empty((rows, qkv_width), dtype=np.float32)
+    qkv = np.empty((rows, (n_heads + 2 * n_kv) * head_dim), dtype=np.float32)
     q = np.empty((rows, n_heads, head_dim), dtype=np.float32)
     attended = np.empty((rows, n_heads * head_dim), dtype=np.float32)
     gate_up = np.empty((rows, gate_up_width), dtype=np.float32)

@@ -5,7 +5,8 @@ CpuBf16Ops: the projections and attention as bf16 AMX tile products (amx.py) ove
 the rest CpuOps's float32 kernels.
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 decoder_layers() runs every decoder layer over the rows in place: TorchOps's is the layer
-written out, CpuOps's the same steps compiled into one call (kernels.decoder_layers). Both write
+written out, the CPU ops' the same steps compiled into one call (kernels.decoder_layers,
+amx.decoder_layers). All write
 new keys/values into the cache before attention reads it, so rows of the same sequence in one
 call attend to each other causally. linear() takes its weight in the layout weight() made of the
 (N, K) matrix (or a stack of them): the CPU kernel's tiles, the matrix itself for torch; a
@@ -35,22 +36,13 @@ class PackedWeight(NamedTuple):
         return self.tiles.nbytes
 
 
-class Bf16Stack(NamedTuple):
-    matrices: list[PackedWeight]  # CpuBf16Ops.weight of each (N, K) matrix of a stack
-
-    def __getitem__(self, i: int) -> PackedWeight:  # type: ignore[override]
-        return self.matrices[i]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(m.nbytes for m in self.matrices)
-
-
-Weight = torch.Tensor | PackedWeight | Bf16Stack  # what ops.weight() makes of an (N, K) matrix or a stack
+Weight = torch.Tensor | PackedWeight  # what ops.weight() makes of an (N, K) matrix or a stack
 
 
 class CpuOps:
     cache_dtype: torch.dtype | None = None
+    pack_weight = staticmethod(kernels.pack_weight)  # (N, K) -> the tiles of linear()'s kernel
+    layers_kernel = staticmethod(kernels.decoder_layers)
 
     @staticmethod
     def cache_layout(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[tuple[int, ...], ...]:
@@ -77,9 +69,9 @@ class CpuOps:
         return out
 
     def weight(self, w: torch.Tensor) -> PackedWeight:
-        """(..., N, K) -> the tiles linear() takes (kernels.pack_weight of each matrix)."""
-        matrices = w.reshape(-1, *w.shape[-2:]).numpy()
-        tiles = np.stack([kernels.pack_weight(m) for m in matrices])
+        """(..., N, K) -> the tiles linear() takes (pack_weight of each matrix)."""
+        matrices = _numpy(w.reshape(-1, *w.shape[-2:]))
+        tiles = np.stack([self.pack_weight(m) for m in matrices])
         return PackedWeight(torch.from_numpy(tiles.reshape(*w.shape[:-2], *tiles.shape[1:])), w.shape[-2])
 
     def linear(self, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
@@ -89,13 +81,13 @@ class CpuOps:
 
     def decoder_layers(self, x: torch.Tensor, layers: Layers, cache: KVCache, positions: torch.Tensor,
                        slots: torch.Tensor, cfg: LlamaConfig) -> None:  # fmt: skip
-        """TorchOps.decoder_layers in one compiled call: from Python, each of a forward's ~270
-        kernel calls cost more than the small ones compute (3.6 of a 22 ms step)."""
-        kernels.decoder_layers(
+        """TorchOps.decoder_layers in one compiled call (layers_kernel): from Python, each of a
+        forward's ~270 kernel calls cost more than the small ones compute (3.6 of a 22 ms step)."""
+        self.layers_kernel(
             x.numpy(), positions.numpy(), slots.numpy(), cfg.rms_norm_eps, cfg.num_attention_heads,
-            layers.attn_norm.numpy(), layers.wqkv.tiles.numpy(), layers.wqkv.rows, layers.wo.tiles.numpy(),
+            layers.attn_norm.numpy(), layers.wqkv.tiles.numpy(), layers.wo.tiles.numpy(),
             layers.mlp_norm.numpy(), layers.w_gate_up.tiles.numpy(), layers.w_gate_up.rows,
-            layers.w_down.tiles.numpy(), cache.k.numpy(), cache.v.numpy(), cache.cos.numpy(), cache.sin.numpy(),
+            layers.w_down.tiles.numpy(), _numpy(cache.k), _numpy(cache.v), cache.cos.numpy(), cache.sin.numpy(),
         )  # fmt: skip
 
 
@@ -165,16 +157,19 @@ class TorchOps:
         return F.silu(gate) * up
 
 
-class CpuBf16Ops(TorchOps):
+class CpuBf16Ops(CpuOps):
     """CPU, on AMX tiles (amx.py): every projection's product and attention's two products in
     bfloat16 terms summed in float32, over a bf16 cache; norms, rotary, softmax, SiLU and the
-    residual stream are float32 (CpuOps's kernels), through TorchOps's layer. A tile product
-    computes 16 rows for the price of one, and each row alone in hardware, so a verification's
-    rows cost little and match a step's bits (on a Sapphire Rapids Xeon at context 600: a
-    forward of 16 rows ~1.1x one row's time; float32 1.3x at 9 rows)."""
+    residual stream are float32 (kernels.py's), all layers in one compiled call
+    (amx.decoder_layers). A tile product computes 16 rows for the price of one, and each row
+    alone in hardware, so a verification's rows cost little and match a step's bits (on a
+    Sapphire Rapids Xeon at context 600: a forward of 16 rows ~1.1x one row's time; float32 1.3x
+    at 9 rows)."""
 
     cache_dtype = torch.bfloat16
     cache_layout = staticmethod(amx.cache_shapes)
+    pack_weight = staticmethod(amx.pack_weight)
+    layers_kernel = staticmethod(amx.decoder_layers)
 
     @staticmethod
     def unsupported() -> str | None:
@@ -182,10 +177,8 @@ class CpuBf16Ops(TorchOps):
         reason = amx.unavailable()
         return f"dtype bfloat16 on this CPU: {reason}" if reason else None
 
-    def weight(self, w: torch.Tensor) -> PackedWeight | Bf16Stack:
-        if w.dim() == 3:
-            return Bf16Stack([self.weight(m) for m in w])
-        return PackedWeight(torch.from_numpy(amx.pack_weight(_bits(w.to(torch.bfloat16)))), w.shape[0])
+    def weight(self, w: torch.Tensor) -> PackedWeight:
+        return super().weight(w.to(torch.bfloat16))
 
     def linear(self, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         out = torch.empty(-(-len(x) // amx.ROWS) * amx.ROWS, w.tiles.shape[0] * amx.GROUP * 16)
@@ -198,25 +191,7 @@ class CpuBf16Ops(TorchOps):
     def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return table[tokens].float()
 
-    rmsnorm = CpuOps.rmsnorm
 
-    def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
-        q = torch.empty(qkv.shape[0], n_heads, head_dim)
-        amx.rope_store(qkv.numpy(), cos.numpy(), sin.numpy(), positions.numpy(), slots.numpy(), n_heads, n_kv,
-                       q.numpy(), _bits(k_cache), _bits(v_cache))  # fmt: skip
-        return q
-
-    def attention(self, q, k_cache, v_cache, slots, positions) -> torch.Tensor:
-        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2])
-        amx.attention(q.numpy(), _bits(k_cache), _bits(v_cache), slots.numpy(), positions.numpy(), out.numpy())
-        return out
-
-    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2)
-        kernels.swiglu(gate_up.numpy(), out.numpy())
-        return out
-
-
-def _bits(t: torch.Tensor) -> np.ndarray:
-    """A bf16 tensor's bits as int16, numpy having no bf16."""
-    return t.view(torch.int16).numpy()
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """The tensor's memory as numpy: a bf16 tensor's bits as int16, numpy having no bf16."""
+    return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
