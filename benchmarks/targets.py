@@ -1,6 +1,6 @@
 """The four speed figures of the embedded default, each beside its baseline from the same run.
 
-    .venv/bin/python benchmarks/targets.py [--out benchmarks/results] [--max-tokens 64]
+    .venv/bin/python benchmarks/targets.py [--out benchmarks/results] [--max-tokens 128]
 
 1. plain decoding through the served engine at batch 1: tokens/s (1 / TPOT p50) and the weight
    bandwidth it implies (weights read per token x tokens/s, as gpt-fast reports it);
@@ -14,9 +14,10 @@
    same comparison for an A/A arm (prompt lookup's path with drafting off, `ngram:0`: the
    baseline's work) says how far two identical arms drift apart in this run, by chance and by
    the shared machine: the yardstick for a ratio near 1.
-The arms take turns in blocks of C requests on one server (specdec.client.loadgen), four blocks
-per arm from C = 2 on (eight of one request at C = 1), in a rotating order; all texts are
-compared with the baseline's (greedy). Writes targets.md and targets.json.
+The arms take turns in blocks of C requests on one server (specdec.client.loadgen), in a rotating
+order; each arm runs every prompt of the workload at least once and at least four blocks (eight
+requests at C = 1), so a figure speaks for the whole workload, not its first prompts. All texts
+are compared with the baseline's (greedy). Writes targets.md and targets.json.
 
 Held-out prompts: --grounded and --open take a .jsonl file each (one {"text": ...} object a line,
 as `specdec bench --workload`) in place of the built-in grounded and chat workloads.
@@ -72,19 +73,20 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
     """One cell: the three arms (the baseline, `ngram`, the A/A arm) on `workload` (a built-in
     name or a .jsonl file) at concurrency C."""
     options = WorkloadOptions(max_tokens=max_tokens)
+    prompts = load_workload(workload, options)
     config = BenchConfig(
         arms=(BASELINE, ngram, SAME_AS_BASELINE),
         loads=(Load(concurrency=concurrency),),
         workloads=(workload,),
-        num_requests=max(8, 4 * concurrency),
-        # blocks of C requests, four per arm, in rotating order (A B C, B C A, C A B, A B C), so
+        num_requests=max(8, 4 * concurrency, len(prompts)),
+        # blocks of C requests, at least four per arm, in rotating order (A B C, B C A, C A B, ...), so
         # that a drift of the shared machine falls on every arm; with two, identical arms (A/A)
         # had differed by up to 8% at C = 16 (single blocks of 16 to 64 requests vary by 3-4%)
         block_size=concurrency,
         warmup=1,
         workload_options=options,
     )
-    result = run_bench(config, {workload: load_workload(workload, options)}, server.grpc_url, server.metrics_url,
+    result = run_bench(config, {workload: prompts}, server.grpc_url, server.metrics_url,
                        server.process.pid)  # fmt: skip
     (level,) = result.levels
     summaries = level_summaries(level, config.arms, SLO())
@@ -109,7 +111,7 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     ap.add_argument("--grounded", default="grounded", help="input-grounded prompts: built-in, or a .jsonl file")
     ap.add_argument("--open", default="chat", help="open-ended prompts: built-in chat, or a .jsonl file")
