@@ -6,11 +6,11 @@ the rest CpuOps's float32 kernels.
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 decoder_layers() runs every decoder layer over the rows in place: TorchOps's is the layer
 written out, the CPU ops' the same steps compiled into one call (kernels.decoder_layers,
-amx.decoder_layers). All write
-new keys/values into the cache before attention reads it, so rows of the same sequence in one
-call attend to each other causally. linear() takes its weight in the layout weight() made of the
-(N, K) matrix (or a stack of them): the CPU kernel's tiles, the matrix itself for torch; a
-layer's keys and values are laid out as cache_layout() says, in cache_dtype (None: the model's).
+amx.decoder_layers). All write new keys/values into the cache before attention reads it, so
+rows of the same sequence in one call attend to each other causally. linear() takes its weight
+in the layout weight() made of the (N, K) matrix (or a stack of them): the CPU kernel's tiles,
+the matrix itself for torch; a layer's keys and values are laid out as cache_layout() says, in
+cache_dtype (None: the model's).
 """
 
 from __future__ import annotations
