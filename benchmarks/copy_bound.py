@@ -15,7 +15,9 @@ length without running the model again, for any draft length k:
   anywhere in the context so far, the most any prompt lookup could accept;
 - a tree of its matches (not built in the engine): the continuations of all the suffix's matches
   merged into a trie, of which the k most likely nodes are verified in one forward of k + 1 rows
-  (match_tree), accepting the longest path that agrees with the output.
+  (match_tree), accepting the longest path that agrees with the output;
+- with the profile's guess head: our n-gram proposer led by the engine's guesses where it matches
+  little (PromptLookup.heard), each guess the engine's own for that point of the output.
 Each replay is priced with the engine's measured forward times by row count (calibrate()) and
 each prompt's measured prefill, as batch-1 tokens/s against plain decoding; "free verify"
 prices a forward over k + 1 rows as one row. Writes copy_bound.md and copy_bound.json.
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec.build import build
@@ -57,6 +60,7 @@ class Sample:
     prompt: np.ndarray
     output: np.ndarray
     prefill_s: float
+    guesses: np.ndarray | None = None  # [n]: the engine's guess at token n of prompt + output (-1: none)
 
 
 def occurs(context: np.ndarray, span: np.ndarray) -> bool:
@@ -80,6 +84,32 @@ def served_lookup(lookup: PromptLookup) -> Propose:
         return [np.asarray(lookup.draft(context.tolist(), k), dtype=np.int64)]
 
     return propose
+
+
+def guessed_lookup(lookup: PromptLookup, guesses: np.ndarray) -> Propose:
+    """served_lookup, hearing the engine's guess for each point of the output."""
+
+    def propose(context: np.ndarray, _continuation: np.ndarray, k: int) -> list[np.ndarray]:
+        lookup.heard(len(context), int(guesses[len(context)]))
+        return [np.asarray(lookup.draft(context.tolist(), k), dtype=np.int64)]
+
+    return propose
+
+
+def engine_guesses(engine: Engine, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """The guess a round ending at each token of the output would bring: from one prefill of the
+    whole sequence, whose rows are bit for bit those of the decoding."""
+    assert engine.guess_head is not None
+    seq = np.concatenate([prompt, output])
+    rows = np.arange(len(prompt) - 1, len(seq) - 1)  # row t produced token t + 1
+    n = len(seq)
+    hidden = engine.model.hidden(
+        engine.cache, torch.from_numpy(seq), torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.from_numpy(rows)
+    )
+    made = engine.guess_head.guess(hidden, torch.from_numpy(seq[rows + 1]), [seq[: t + 2] for t in rows])
+    guesses = np.full(n + 1, -1)
+    guesses[rows + 2] = made
+    return guesses
 
 
 def best_match(ngram: NgramProposer) -> Propose:
@@ -149,7 +179,9 @@ def generate(engine: Engine, tokenizer: TextTokenizer, workloads: list[str], max
             engine.generate([GenerationRequest(ids, max_new_tokens=1)])  # the prompt's prefill
             prefill = time.perf_counter() - start
             (result,) = engine.generate([GenerationRequest(ids, max_new_tokens=p.max_tokens, end_id=tokenizer.eos_id)])
-            samples.append(Sample(workload, p.kind, ids, np.asarray(result.tokens, dtype=np.int64), prefill))
+            output = np.asarray(result.tokens, dtype=np.int64)
+            guesses = engine_guesses(engine, ids, output) if engine.guess_head is not None else None
+            samples.append(Sample(workload, p.kind, ids, output, prefill, guesses))
             bar.advance(task)
     return samples
 
@@ -181,6 +213,8 @@ def analyse(samples: list[Sample], step: dict[int, float], ngram: NgramProposer)
         "match tree": lambda _sample: match_tree(ngram),
         "oracle": lambda _sample: oracle_copy,
     }
+    if all(s.guesses is not None for s in samples):
+        proposers["ngram + guess"] = lambda s: guessed_lookup(PromptLookup(ngram, len(s.prompt)), s.guesses)
     rows = []
     for kind, group in groups(samples).items():
         tokens = sum(len(s.output) for s in group)
@@ -211,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile()
     build(profile)
     model_dir = profile.model_dir("target")
-    engine = Engine(model_dir, dtype=profile.engine.dtype, kv_slots=2, max_seq_len=1024, threads=profile.engine.threads)
+    engine = Engine(
+        model_dir, dtype=profile.engine.dtype, kv_slots=2, max_seq_len=1024, threads=profile.engine.threads,
+        guess_head=profile.speculation.ngram.guess_head,
+    )  # fmt: skip
     engine.warmup()
     step = forward_times(engine, rows=tuple(range(1, MAX_K + 2)))
     samples = generate(engine, TextTokenizer(model_dir), args.workload.split(","), args.max_tokens)

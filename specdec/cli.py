@@ -33,6 +33,25 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_guess_head(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specdec.build import build
+    from specdec.build.guess_head import TrainOptions, train_guess_head
+
+    profile = load_profile(args.profile)
+    if profile.backend != "pytorch":
+        console.print("[red]train-guess-head:[/] the guess head is the PyTorch engine's (backend: pytorch)")
+        return 2
+    out = Path(args.out or profile.speculation.ngram.guess_head or "guess-head.safetensors")
+    ngram = profile.speculation.ngram.model_copy(update={"guess_head": None})  # (the head to be)
+    profile = profile.model_copy(update={"speculation": profile.speculation.model_copy(update={"ngram": ngram})})
+    build(profile)
+    train_guess_head(profile, out, TrainOptions(epochs=args.epochs))
+    console.print(f"[green]wrote[/] {out}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.build import build
     from specdec.serve import Ports, TritonServer
@@ -199,6 +218,12 @@ def parser() -> argparse.ArgumentParser:
     _add_profile(p)
     p.add_argument("--dry-run", action="store_true", help="print the commands that would run; write nothing")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("train-guess-head", help="train the target's guess head on its own outputs (~25 min on 2 cores)")
+    _add_profile(p)
+    p.add_argument("--out", help="default: the profile's speculation.ngram.guess_head")
+    p.add_argument("--epochs", type=int, default=3)
+    p.set_defaults(func=cmd_train_guess_head)
 
     p = sub.add_parser("serve", help="run tritonserver in the foreground (Ctrl-C or SIGTERM stops it)")
     _add_profile(p)

@@ -204,6 +204,11 @@ class TrtllmOptions(_Strict):
 class NgramOptions(_Strict):
     min_n: Annotated[int, Field(ge=1, le=16)] = 1
     max_n: Annotated[int, Field(ge=1, le=16)] = 4
+    guess_head: str | None = Field(
+        None,
+        description="backend pytorch: the target's guess head (.safetensors, `specdec train-guess-head`), "
+        "whose guesses lead drafts where lookup matches little",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> NgramOptions:
@@ -363,6 +368,11 @@ def resolve_relative_paths(data: dict, base: Path) -> dict:
             src["hf_dir"] = str((base / src["hf_dir"]).expanduser().resolve())
     if isinstance(data.get("build_dir"), str):
         data["build_dir"] = str((base / data["build_dir"]).expanduser().resolve())
+    spec = data.get("speculation") if isinstance(data.get("speculation"), dict) else {}
+    ngram = spec.get("ngram") if isinstance(spec.get("ngram"), dict) else None
+    if ngram is not None and isinstance(ngram.get("guess_head"), str):
+        spec = data["speculation"] = dict(spec)
+        spec["ngram"] = {**ngram, "guess_head": str((base / ngram["guess_head"]).expanduser().resolve())}
     return data
 
 

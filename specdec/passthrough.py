@@ -101,7 +101,7 @@ class PassthroughService:
                     gen.finish_reason = "cancelled"
                     break
                 remaining = req.spec.max_tokens - len(gen.generated)
-                ids, _ = await target.generate(
+                ids, _, _ = await target.generate(
                     gen.tokens, min(self.chunk, remaining) if req.stream else remaining, sampling, key, end_id
                 )
                 new = gen.accept([], ids)

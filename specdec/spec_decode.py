@@ -20,13 +20,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from specdec import loop
 from specdec.admission import CANCEL, Admission, drain_path
 from specdec.config import Profile
+from specdec.contract import GUESS_INPUT, GUESS_OUTPUT
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
 from specdec.lockstep import Lockstep
@@ -83,6 +84,12 @@ class NoMetrics:
         pass
 
 
+class Generated(NamedTuple):
+    ids: list[int]  # the call's new tokens
+    logits: np.ndarray | None  # (len(ids), V) when asked for
+    guess: int  # the engine's guess at the token after them (when asked for); -1: none
+
+
 def no_evidence(tokens: list[int]) -> None:
     """A proposer that finds out only by drafting (a draft model), or never drafts."""
     return None
@@ -106,8 +113,8 @@ class EngineClient:
     def __init__(self, prepare: EngineCall, model: str, uniform_inputs: bool = False):
         self.prepare, self.model, self.uniform_inputs = prepare, model, uniform_inputs
 
-    async def generate(self, *args, **kwargs) -> tuple[list[int], np.ndarray | None]:
-        """(output ids, logits or None) of the call prepare_generate(*args, **kwargs) builds."""
+    async def generate(self, *args, **kwargs) -> Generated:
+        """What the call prepare_generate(*args, **kwargs) builds returns."""
         return await self.prepare_generate(*args, **kwargs)()
 
     def prepare_generate(
@@ -119,8 +126,11 @@ class EngineClient:
         end_id: int | None,
         draft: loop.Draft = loop.NO_DRAFT,
         return_logits: bool = False,
-    ) -> Callable[[], Awaitable[tuple[list[int], np.ndarray | None]]]:
-        """The call of generate(), built: calling the result sends it."""
+        return_guess: bool | None = None,
+    ) -> Callable[[], Awaitable[Generated]]:
+        """The call of generate(), built: calling the result sends it. return_guess: ask for the
+        engine's guess (specdec/engine/guess.py): True or False from a client whose engine has a
+        guess head (all its calls carry the input then), None from one whose engine has not."""
         # TensorRT-LLM decodes greedily with top_k 1 (its maintainers' advice; temperature 0
         # alone is not documented as greedy there); our engine is greedy at temperature 0 anyway.
         top_k = 1 if sampling.greedy else sampling.top_k
@@ -144,16 +154,21 @@ class EngineClient:
             inputs["draft_logits"] = np.zeros((1, 0, 0), dtype=np.float32)
         if return_logits or self.uniform_inputs:
             inputs["return_generation_logits"] = _scalar(return_logits, np.bool_)
-        outputs = ["output_ids"] + (["generation_logits"] if return_logits else [])
+        if return_guess is not None:
+            inputs[GUESS_INPUT] = _scalar(return_guess, np.bool_)
+        outputs = (
+            ["output_ids"] + (["generation_logits"] if return_logits else []) + ([GUESS_OUTPUT] if return_guess else [])
+        )
         send = self.prepare(self.model, inputs, outputs, key)
 
-        async def tokens(sent: Awaitable[dict[str, np.ndarray]]) -> tuple[list[int], np.ndarray | None]:
+        async def tokens(sent: Awaitable[dict[str, np.ndarray]]) -> Generated:
             result = await sent
             ids = np.asarray(result["output_ids"]).reshape(-1).tolist()
             logits = result.get("generation_logits")
             if logits is not None:
                 logits = np.asarray(logits, dtype=np.float32).reshape(len(ids), -1)
-            return ids, logits
+            guess = int(np.asarray(result[GUESS_OUTPUT]).reshape(-1)[0]) if return_guess else -1
+            return Generated(ids, logits, guess)
 
         return lambda: tokens(send())
 
@@ -198,6 +213,8 @@ class SpecDecodeService:
                  warn: Callable[[str], None] = log.warning):  # fmt: skip
         self.profile = profile
         uniform = profile.backend == "pytorch"
+        # the engine's guesses lead prompt lookup's drafts where it matches little (proposers.py)
+        self.guesses = uniform and profile.speculation.ngram.guess_head is not None
         self.target = EngineClient(prepare, target_model, uniform)
         self.draft = EngineClient(prepare, draft_model, uniform) if draft_model else None
         ngram = profile.speculation.ngram
@@ -216,11 +233,12 @@ class SpecDecodeService:
 
     def _proposer(
         self, name: str, sampling: SamplingParams, key: str, end_id: int | None, prompt_length: int
-    ) -> tuple[loop.Proposer, Evidence]:
-        """The request's proposer, and what it finds before drafting (Controller.choose_k)."""
+    ) -> tuple[loop.Proposer, Evidence, PromptLookup | None]:
+        """The request's proposer, what it finds before drafting (Controller.choose_k), and the
+        prompt lookup that hears the engine's guesses, if it is one and there are guesses."""
         if name == "ngram":
             lookup = PromptLookup(self.ngram, prompt_length)
-            return lookup.propose, lookup.evidence
+            return lookup.propose, lookup.evidence, lookup if self.guesses else None
         if name == "draft_model":
             assert self.draft is not None
             draft_sampling = SamplingParams(
@@ -236,7 +254,7 @@ class SpecDecodeService:
                 if failed:
                     return loop.NO_DRAFT
                 try:
-                    ids, logits = await self.draft.generate(
+                    ids, logits, _ = await self.draft.generate(
                         tokens, k, draft_sampling, key, end_id, return_logits=not sampling.greedy
                     )
                 except EngineError as err:
@@ -246,12 +264,12 @@ class SpecDecodeService:
                     return loop.NO_DRAFT
                 return loop.Draft(ids, logits)
 
-            return draft_model, no_evidence
+            return draft_model, no_evidence, None
 
         async def none(tokens: list[int], k: int) -> loop.Draft:
             return loop.NO_DRAFT
 
-        return none, no_evidence
+        return none, no_evidence, None
 
     async def serve(
         self, req: SpecDecodeRequest, is_cancelled: Callable[[], bool] = lambda: False
@@ -261,12 +279,17 @@ class SpecDecodeService:
         sampling, end_id = request_sampling(req), request_end_id(req)
         key = new_sequence_key()
         gen = loop.Generation(req.spec)
-        propose, evidence = self._proposer(req.proposer, sampling, key, end_id, len(req.spec.prompt_ids))
+        propose, evidence, listener = self._proposer(req.proposer, sampling, key, end_id, len(req.spec.prompt_ids))
+        guessing = None if not self.guesses else listener is not None
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
             rows = len(draft.ids) + 1 if gen.stats.rounds else len(tokens)  # the first call prefills
-            send = self.target.prepare_generate(tokens, len(draft.ids) + 1, sampling, key, end_id, draft)
-            ids, _ = await self.lockstep.call(member, rows, send)
+            send = self.target.prepare_generate(
+                tokens, len(draft.ids) + 1, sampling, key, end_id, draft, return_guess=guessing
+            )
+            ids, _, guess = await self.lockstep.call(member, rows, send)
+            if listener is not None:
+                listener.heard(len(tokens) + len(ids), guess)
             return ids
 
         def choose_k(gen: loop.Generation) -> int:

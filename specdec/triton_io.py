@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.config import PROPOSERS, Profile
-from specdec.contract import stop_words_from_list
+from specdec.contract import GUESS_INPUT, GUESS_OUTPUT, stop_words_from_list
 from specdec.engine.engine import GenerationRequest, GenerationResult
 from specdec.loop import AcceptanceStats, RequestSpec
 from specdec.sampling import SamplingError, SamplingParams
@@ -244,6 +244,7 @@ def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | N
         end_id=_int(inputs, "end_id"),
         sequence_key=request_id,
         return_logits=bool(_one(inputs, "return_generation_logits", False)),
+        return_guess=bool(_one(inputs, GUESS_INPUT, False)),
     )
 
 
@@ -258,6 +259,7 @@ def engine_outputs(result: GenerationResult, request: GenerationRequest, exclude
         "acceptance_rate": np.array(
             [[result.num_accepted / result.num_draft if result.num_draft else 0.0]], np.float32
         ),
+        GUESS_OUTPUT: np.array([[result.next_guess]], dtype=np.int32),
     }
     if result.logits is not None:
         out["generation_logits"] = result.logits.astype(np.float32)[None, None]

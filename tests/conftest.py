@@ -65,6 +65,29 @@ def write_tiny_llama(path: Path, seed: int = 0, scale: float = 1.0, **overrides)
     return path
 
 
+def write_guess_head(path: Path, seed: int = 3, width: int = 32) -> dict[str, torch.Tensor]:
+    """A random guess head (specdec/engine/guess.py) for the tiny Llama; its weights."""
+    g = torch.Generator().manual_seed(seed)
+    size = TINY["hidden_size"]
+    weights = {
+        "fc1.weight": torch.randn(width, 2 * size, generator=g) / 8,
+        "fc1.bias": torch.randn(width, generator=g) / 8,
+        "fc2.weight": torch.randn(size, width, generator=g) / 4,
+        "fc2.bias": torch.randn(size, generator=g) / 4,
+        "candidates": torch.tensor([5, 9, 40, 41, 70]),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(path))
+    return weights
+
+
+@pytest.fixture(scope="session")
+def tiny_guess_head(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("guess") / "head.safetensors"
+    write_guess_head(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "target", seed=0)

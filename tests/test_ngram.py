@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from specdec.proposers import NgramProposer, PromptLookup
+from specdec.proposers import GUESSED, NgramProposer, PromptLookup
 
 
 def test_proposes_what_followed_the_longest_earlier_match():
@@ -76,3 +76,29 @@ def test_prompt_lookup_goes_on_with_the_copy_it_was_making():
     assert lookup.draft([*prompt, 7, 5, 6, 5], 3) == [1, 2, 3]  # the 5 at prompt[1], where the copy was
     fresh = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
     assert fresh.draft([*prompt, 7, 5, 6, 5], 3) == [6, 5]  # without it: the most recent 5
+
+
+def test_a_guess_leads_where_lookup_matches_less_than_two_tokens():
+    """heard(): the engine guessed the token after the sequence. Where lookup's match is short,
+    the draft is the guess and then what follows the guess's own match; a longer match wins."""
+    prompt = [7, 5, 1, 2, 3, 8, 9, 4]
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
+    tokens = [*prompt, 6]  # 6: no match
+    lookup.heard(len(tokens), 1)
+    assert lookup.evidence(tokens) == GUESSED
+    assert lookup.draft(tokens, 4) == [1, 2, 3, 8]  # the guess 1, then what followed 1 in the prompt
+    tokens = [*prompt, 2, 3]  # "2 3" matched: two tokens, no guess
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
+    lookup.heard(len(tokens), 4)
+    assert lookup.evidence(tokens) == 2 and lookup.draft(tokens, 2) == [8, 9]
+
+
+def test_a_guess_is_only_for_the_length_it_was_made_for():
+    prompt = [7, 5, 1, 2, 3, 8, 9, 4]
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
+    lookup.heard(len(prompt) + 1, 3)
+    assert lookup.draft([*prompt, 6, 6], 3) == [6]  # made for another length: ignored ("6" matched)
+    lookup.heard(len(prompt) + 3, -1)  # no guess
+    assert lookup.evidence([*prompt, 6, 6, 0]) == 0
+    lookup.heard(len(prompt) + 4, 99)
+    assert lookup.draft([*prompt, 6, 6, 0, 2], 3) == [99]  # nothing follows the guess: itself alone

@@ -19,12 +19,14 @@ from specdec.config import parse_profile
 from specdec.controller import calibration_path
 from specdec.engine.engine import Engine, GenerationRequest
 from specdec.loop import RequestSpec
+from specdec.proposers import GUESSED
 from specdec.sampling import SamplingParams
 from specdec.spec_decode import SpecDecodeService, local_call
 from specdec.triton_io import SpecDecodeRequest
 
 
-def make_service(target, draft, *, kv_slots=16, max_queue=64, max_inflight=64, build_dir=None):
+def make_service(target, draft, *, kv_slots=16, max_queue=64, max_inflight=64, build_dir=None, guess_head=None):
+    ngram = {"guess_head": str(guess_head)} if guess_head else {}
     profile = parse_profile(
         {
             "name": "tiny",
@@ -32,12 +34,12 @@ def make_service(target, draft, *, kv_slots=16, max_queue=64, max_inflight=64, b
             "target": {"hf_dir": str(target)},
             "draft": {"hf_dir": str(draft)},
             "engine": {"kv_slots": kv_slots, "max_seq_len": 256, "threads": 1},
-            "speculation": {"proposer": "ngram", "num_draft_tokens": 3, "max_draft_tokens": 8},
+            "speculation": {"proposer": "ngram", "num_draft_tokens": 3, "max_draft_tokens": 8, "ngram": ngram},
             "server": {"max_queue": max_queue, "max_inflight": max_inflight},
         }
     )
     engines = {
-        "target": Engine(target, kv_slots=kv_slots, max_seq_len=256, threads=1),
+        "target": Engine(target, kv_slots=kv_slots, max_seq_len=256, threads=1, guess_head=guess_head),
         "draft": Engine(draft, kv_slots=kv_slots, max_seq_len=256, threads=1),
     }
     return SpecDecodeService(profile, local_call(engines)), engines
@@ -164,6 +166,21 @@ def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft
     assert drafts[0] == 0 and any(drafts[1:]), drafts
     # the controller heard how long each draft's match was
     assert {proposer for proposer, _ in svc.controller.recent_by_evidence} == {"ngram"}
+
+
+def test_guesses_lead_drafts_where_lookup_matches_little_and_greedy_stays_exact(
+    tiny_target, tiny_draft, tiny_guess_head
+):
+    """With a guess head, every target call asks for the guess (the same inputs for all), drafts
+    led by guesses are verified like any other, and the output is plain decoding's."""
+    svc, _ = make_service(tiny_target, tiny_draft, guess_head=tiny_guess_head)
+    names = set()
+    record_engine_calls(svc, lambda model, inputs: names.add(tuple(sorted(inputs))) if model == "target" else None)
+    baseline = run_all(svc, [request(p, k=0, proposer="none") for p in PROMPTS])
+    for k in (1, 3, 8):
+        assert run_all(svc, [request(p, k=k) for p in PROMPTS]) == baseline, f"k={k}"
+    assert len(names) == 1 and "return_next_guess" in next(iter(names))
+    assert ("ngram", GUESSED) in svc.controller.recent_by_evidence  # some drafts were led by a guess
 
 
 def test_caches_are_released_when_requests_end(service):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.config import Profile
+from specdec.config import Profile, ProfileError
 
 
 def build(profile: Profile, dry_run: bool = False) -> Path:
@@ -24,6 +24,12 @@ def build(profile: Profile, dry_run: bool = False) -> Path:
     else:
         from specdec.build.cpu import build_models
 
+        head = profile.speculation.ngram.guess_head
+        if head is not None and not Path(head).is_file():
+            raise ProfileError(
+                f"speculation.ngram.guess_head: no such file {head} (train one with `specdec train-guess-head`, "
+                "or leave the key out)"
+            )
         build_models(profile)
     if dry_run:
         print(f"# render the model repository into {profile.repository_dir()}")

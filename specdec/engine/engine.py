@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from specdec import sampling, verify
+from specdec.engine.guess import GuessHead
 from specdec.engine.kv_slots import CacheFullError, SlotTable
 from specdec.engine.model import Llama, resolve_dtype
 from specdec.sampling import SamplingError, SamplingParams
@@ -44,6 +45,7 @@ class GenerationRequest:
     end_id: int | None = None
     sequence_key: str = ""  # "" = keep nothing after the call
     return_logits: bool = False
+    return_guess: bool = False  # guess the token after the last new one (needs the engine's guess head)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class GenerationResult:
     num_draft: int = 0
     num_accepted: int = 0
     reused: int = 0  # input tokens whose cache was reused
+    next_guess: int = -1  # the guess head's token after the last new one; -1: none
 
 
 @dataclass
@@ -68,6 +71,7 @@ class _Seq:
     logits: list[torch.Tensor] = field(default_factory=list)
     num_accepted: int = 0
     done: bool = False
+    guess: int = -1
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -121,6 +125,7 @@ class Engine:
         max_seq_len: int = 2048,
         threads: int | None = None,
         lock_file: str | Path | None = None,
+        guess_head: str | Path | None = None,
     ):
         dtype = resolve_dtype(dtype, device)
         _set_threads(threads)
@@ -131,6 +136,7 @@ class Engine:
         self.slots = SlotTable(kv_slots)
         self.vocab_size = self.model.cfg.vocab_size
         self.device = self.model.device
+        self.guess_head = GuessHead(guess_head, self.model) if guess_head else None
         self.max_batch_seen = 0  # largest number of requests served by one generate() call
         # (rows, seconds) of the latest forwards, for whoever keeps the cost model current
         self.recent_forwards: deque[tuple[int, float]] = deque(maxlen=1024)
@@ -159,7 +165,7 @@ class Engine:
             for _ in range(repeats):
                 with self.forward_lock:
                     for i, args in enumerate(inputs):
-                        seconds[i] = min(seconds[i], self._timed_forward(*args)[1])
+                        seconds[i] = min(seconds[i], self._timed_forward(*args)[2])
         finally:
             self.slots.release(key)
         return {"rows": list(rows), "seconds": seconds}
@@ -202,6 +208,7 @@ class Engine:
                 num_draft=0 if s.req.draft_ids is None else len(s.req.draft_ids),
                 num_accepted=s.num_accepted,
                 reused=s.reused,
+                next_guess=s.guess,
             )
         return results
 
@@ -218,6 +225,8 @@ class Engine:
         for name, arr in (("input_ids", ids), ("draft_input_ids", drafts)):
             if len(arr) and (arr.min() < 0 or arr.max() >= self.vocab_size):
                 raise RequestError(f"{name}: token ids must be in [0, {self.vocab_size})")
+        if req.return_guess and self.guess_head is None:
+            raise RequestError("return_next_guess: this engine has no guess head")
         if req.max_new_tokens < 1:
             raise RequestError(f"request_output_len: must be >= 1, got {req.max_new_tokens}")
         needed = len(ids) + max(len(drafts) + 1, req.max_new_tokens)
@@ -237,16 +246,17 @@ class Engine:
         except SamplingError as err:
             raise RequestError(str(err)) from None
 
-    def _forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """The model's forward under the lock shared with the server's other engine: its logits
-        and its seconds (not counting the wait for the lock)."""
+    def _forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The model's forward under the lock shared with the server's other engine: its final
+        hidden states, logits and seconds (not counting the wait for the lock)."""
         with self.forward_lock:
             return self._timed_forward(*args)
 
-    def _timed_forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def _timed_forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         start = time.perf_counter()
-        logits = self.model.forward(self.cache, *args)
-        return logits, time.perf_counter() - start
+        hidden = self.model.hidden(self.cache, *args)
+        logits = self.model.logits(hidden)
+        return hidden, logits, time.perf_counter() - start
 
     def _step(self, seqs: list[_Seq], with_drafts: bool) -> None:
         """One forward over every pending sequence, then accept / sample its new tokens."""
@@ -269,18 +279,30 @@ class Engine:
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
-        logits, seconds = self._forward(tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows))
+        hidden, logits, seconds = self._forward(
+            tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows)
+        )
         self.recent_forwards.append((len(tokens), seconds))
         starts = np.cumsum([0] + [len(d) + 1 for d in drafts])[:-1]  # each sequence's first logit row
         greedy = [i for i, s in enumerate(seqs) if s.req.sampling.greedy]
         verified = self._verify_greedy(logits, starts[greedy], [drafts[i] for i in greedy])
         verdicts = dict(zip(greedy, verified, strict=True))
+        wanting: list[tuple[_Seq, int]] = []  # sequences that want a guess, the row of their last token
         for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)):
             rows = logits[starts[i] : starts[i] + len(d) + 1]
             emitted, accepted = verdicts[i] if i in verdicts else self._verify_sampled(s, rows, d)
             s.num_accepted += accepted
             s.cached = len(s.tokens) + accepted  # rejected drafts' cache is stale
-            self._emit(s, emitted, rows)
+            kept = self._emit(s, emitted, rows)
+            if s.req.return_guess and s.tokens[-1] != s.req.end_id:
+                wanting.append((s, starts[i] + kept - 1))
+        if wanting:
+            assert self.guess_head is not None  # (_validate)
+            last = tensor([s.tokens[-1] for s, _ in wanting])
+            rows = [row for _, row in wanting]
+            guesses = self.guess_head.guess(hidden[rows], last, [s.tokens for s, _ in wanting])
+            for (s, _), g in zip(wanting, guesses, strict=True):
+                s.guess = g
 
     def _verify_greedy(
         self, logits: torch.Tensor, starts: np.ndarray, drafts: list[list[int]]
@@ -318,14 +340,18 @@ class Engine:
         )
         return verdict.emitted(0), int(verdict.num_accepted[0])
 
-    def _emit(self, s: _Seq, emitted: list[int], rows: torch.Tensor) -> None:
-        """Append tokens until the end id or the requested count; later ones are dropped."""
-        for i, tok in enumerate(emitted):
+    def _emit(self, s: _Seq, emitted: list[int], rows: torch.Tensor) -> int:
+        """Append tokens until the end id or the requested count; later ones are dropped. How
+        many it kept."""
+        kept = 0
+        for tok in emitted:
             s.tokens.append(tok)
             s.new.append(tok)
             if s.req.return_logits:
-                s.logits.append(rows[i])
+                s.logits.append(rows[kept])
+            kept += 1
             if tok == s.req.end_id or len(s.new) >= s.req.max_new_tokens:
                 s.done = True
                 break
         s.cached = min(s.cached, len(s.tokens))
+        return kept

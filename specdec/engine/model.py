@@ -179,11 +179,29 @@ class Llama:
         slots: torch.Tensor,  # (M,) int64, cache slot of each token's sequence
         logit_rows: torch.Tensor,  # (R,) int64, rows whose next-token logits are wanted
     ) -> torch.Tensor:  # (R, V) float32
+        return self.logits(self.hidden(cache, tokens, positions, slots, logit_rows))
+
+    @torch.inference_mode()
+    def hidden(
+        self,
+        cache: KVCache,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """(R, D): forward()'s final hidden states, the lm_head's input."""
         cfg, ops = self.cfg, self.ops
         x = ops.embedding(self.embed, tokens)
         ops.decoder_layers(x, self.layers, cache, positions, slots, cfg)  # the layer: TorchOps.decoder_layers
-        h = ops.rmsnorm(x[logit_rows].contiguous(), self.norm, cfg.rms_norm_eps)
-        return ops.linear(h, self.lm_head).float()
+        return ops.rmsnorm(x[logit_rows].contiguous(), self.norm, cfg.rms_norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (R, V) float32
+        return self.ops.linear(hidden, self.lm_head).float()
+
+    def embedding(self, tokens: torch.Tensor) -> torch.Tensor:  # (N, D) float32: the tokens' rows
+        return self.ops.embedding(self.embed, tokens).float()
 
 
 class KVCache:

