@@ -197,14 +197,30 @@ class Controller:
         """The request's (first-token, next-token) acceptance estimates, for a draft from its
         current evidence."""
         state = self.requests[key]
+        return self._rates(state, state.evidence)
+
+    def _rates(self, state: RequestState, evidence: int | None) -> tuple[float, float]:
         weight = self.options.prior_weight
         first = state.drafts.first.estimate(self.proposer_rate(state.proposer), weight)
         then = state.drafts.next.estimate(first, self.options.next_prior_weight)
-        if state.evidence:
-            proposer = self.recent_by_evidence.get((state.proposer, state.evidence), Rate())
+        if evidence:
+            proposer = self.recent_by_evidence.get((state.proposer, evidence), Rate())
             prior = proposer.estimate(self.proposer_rate(state.proposer), weight)
-            first = state.drafts.first_by_evidence.get(state.evidence, Rate()).estimate(prior, weight)
+            first = state.drafts.first_by_evidence.get(evidence, Rate()).estimate(prior, weight)
         return first, then
+
+    def would_draft(self, key: str, evidence: int) -> bool:
+        """Would the current plan draft for the request on this evidence? Asked before evidence
+        that costs something is fetched: the engine's guess (specdec/engine/guess.py) is a
+        fraction of a step, paid for nothing in a request that may not draft (num_draft_tokens
+        0: the A/A arm paid 3-5%) or under a load at which a guess's draft would not pay."""
+        state = self.requests.get(key)
+        if state is None or state.limit <= 0:
+            return False
+        if not self.options.enabled or self.target is None or self._plan is None or state.proposer not in self.recent:
+            return True  # (no plan yet: it drafts what is asked)
+        first, then = self._rates(state, evidence)
+        return bool(token_values(np.array([first]), np.array([then]), 1)[0][0] >= self._plan.worth)
 
     def proposer_rate(self, proposer: str) -> float:
         """The first-token rate of the proposer's recent drafts over all requests."""

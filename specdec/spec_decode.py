@@ -31,7 +31,7 @@ from specdec.contract import GUESS_INPUT, GUESS_OUTPUT
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
 from specdec.lockstep import Lockstep
-from specdec.proposers import NgramProposer, PromptLookup
+from specdec.proposers import GUESSED, NgramProposer, PromptLookup
 from specdec.sampling import SamplingParams, derive_seed
 from specdec.triton_io import (
     InvalidInput,
@@ -280,12 +280,14 @@ class SpecDecodeService:
         key = new_sequence_key()
         gen = loop.Generation(req.spec)
         propose, evidence, listener = self._proposer(req.proposer, sampling, key, end_id, len(req.spec.prompt_ids))
-        guessing = None if not self.guesses else listener is not None
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
             rows = len(draft.ids) + 1 if gen.stats.rounds else len(tokens)  # the first call prefills
+            ask = None  # (an engine without guesses is not asked)
+            if self.guesses:
+                ask = listener is not None and self.controller.would_draft(key, GUESSED)
             send = self.target.prepare_generate(
-                tokens, len(draft.ids) + 1, sampling, key, end_id, draft, return_guess=guessing
+                tokens, len(draft.ids) + 1, sampling, key, end_id, draft, return_guess=ask
             )
             ids, _, guess = await self.lockstep.call(member, rows, send)
             if listener is not None:

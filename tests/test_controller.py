@@ -310,3 +310,20 @@ def test_nothing_to_draft_is_no_draft():
     settle(ctl, ["a"], acceptance=0.9)
     assert ctl.choose_k("a", 8, evidence=0) == 0
     assert ctl.choose_k("a", 8, evidence=4) == 8
+
+
+def test_evidence_that_costs_is_asked_for_only_where_its_draft_would_pay():
+    """would_draft(): not for a request that may not draft, yes at one request in flight with
+    drafts half accepted, no at 32 (where the plan drafts nothing at that rate)."""
+    ctl = controller(probe_every=1000)
+    ctl.start("off", "ngram", 0)
+    assert not ctl.would_draft("off", -1)
+    asked = {}
+    for batch in (1, 32):
+        ctl = controller(probe_every=1000)
+        keys = [f"r{i}" for i in range(batch)]
+        for key in keys:
+            ctl.start(key, "ngram", 8)
+        settle(ctl, keys, acceptance=0.5, rounds=100)
+        asked[batch] = ctl.would_draft(keys[0], -1)
+    assert asked == {1: True, 32: False}

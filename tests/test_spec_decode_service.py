@@ -174,13 +174,21 @@ def test_guesses_lead_drafts_where_lookup_matches_little_and_greedy_stays_exact(
     """With a guess head, every target call asks for the guess (the same inputs for all), drafts
     led by guesses are verified like any other, and the output is plain decoding's."""
     svc, _ = make_service(tiny_target, tiny_draft, guess_head=tiny_guess_head)
-    names = set()
-    record_engine_calls(svc, lambda model, inputs: names.add(tuple(sorted(inputs))) if model == "target" else None)
+    names, asked = set(), []
+
+    def note(model, inputs):
+        if model == "target":
+            names.add(tuple(sorted(inputs)))
+            asked.append(bool(inputs["return_next_guess"].item()))
+
+    record_engine_calls(svc, note)
     baseline = run_all(svc, [request(p, k=0, proposer="none") for p in PROMPTS])
+    assert run_all(svc, [request(p, k=0) for p in PROMPTS]) == baseline
+    assert not any(asked)  # a request that may not draft never pays for a guess
     for k in (1, 3, 8):
         assert run_all(svc, [request(p, k=k) for p in PROMPTS]) == baseline, f"k={k}"
     assert len(names) == 1 and "return_next_guess" in next(iter(names))
-    assert ("ngram", GUESSED) in svc.controller.recent_by_evidence  # some drafts were led by a guess
+    assert any(asked) and ("ngram", GUESSED) in svc.controller.recent_by_evidence  # drafts led by a guess
 
 
 def test_caches_are_released_when_requests_end(service):
