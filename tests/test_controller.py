@@ -183,14 +183,18 @@ def test_the_chosen_lengths_come_close_to_the_best_fixed_length_at_every_load(ac
         assert throughput(ks) >= 0.97 * throughput([0] * batch), (batch, ks)
 
 
+def settled(batch: int) -> tuple[Controller, list[str], list[int]]:
+    """A controller after 100 rounds of `batch` requests whose drafts are half accepted; its
+    requests and their last draft lengths."""
+    ctl = controller(probe_every=1000)
+    keys = [f"r{i}" for i in range(batch)]
+    for key in keys:
+        ctl.start(key, "ngram", 8)
+    return ctl, keys, settle(ctl, keys, acceptance=0.5, rounds=100)
+
+
 def test_drafts_shrink_with_load():
-    chosen = {}
-    for batch in (1, 32):
-        ctl = controller(probe_every=1000)
-        keys = [f"r{i}" for i in range(batch)]
-        for key in keys:
-            ctl.start(key, "ngram", 8)
-        chosen[batch] = max(settle(ctl, keys, acceptance=0.5, rounds=100))
+    chosen = {batch: max(settled(batch)[2]) for batch in (1, 32)}
     assert chosen[1] >= 2 and chosen[32] == 0
 
 
@@ -320,10 +324,6 @@ def test_evidence_that_costs_is_asked_for_only_where_its_draft_would_pay():
     assert not ctl.would_draft("off", -1)
     asked = {}
     for batch in (1, 32):
-        ctl = controller(probe_every=1000)
-        keys = [f"r{i}" for i in range(batch)]
-        for key in keys:
-            ctl.start(key, "ngram", 8)
-        settle(ctl, keys, acceptance=0.5, rounds=100)
+        ctl, keys, _ = settled(batch)
         asked[batch] = ctl.would_draft(keys[0], -1)
     assert asked == {1: True, 32: False}
