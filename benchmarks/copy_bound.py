@@ -38,6 +38,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec.build import build
+from specdec.build.guess_head import prefill_hidden
 from specdec.client.machine import describe, summary_line
 from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.config import load_profile
@@ -102,12 +103,9 @@ def engine_guesses(engine: Engine, prompt: np.ndarray, output: np.ndarray) -> np
     assert engine.guess_head is not None
     seq = np.concatenate([prompt, output])
     rows = np.arange(len(prompt) - 1, len(seq) - 1)  # row t produced token t + 1
-    n = len(seq)
-    hidden = engine.model.hidden(
-        engine.cache, torch.from_numpy(seq), torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.from_numpy(rows)
-    )
+    hidden = prefill_hidden(engine, seq, rows)
     made = engine.guess_head.guess(hidden, torch.from_numpy(seq[rows + 1]), [seq[: t + 2] for t in rows])
-    guesses = np.full(n + 1, -1)
+    guesses = np.full(len(seq) + 1, -1)
     guesses[rows + 2] = made
     return guesses
 

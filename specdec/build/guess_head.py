@@ -274,22 +274,26 @@ def training_data(engine: Engine, tokenizer: TextTokenizer, options: TrainOption
     return written + generate(engine, tokenizer, texts, options.max_tokens, "outputs")
 
 
+def prefill_hidden(engine: Engine, seq: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+    """The final hidden states of `rows` of one prefill of `seq` in slot 0 of an otherwise idle
+    engine: bit for bit those the rows have in the decoding."""
+    n = len(seq)
+    t = torch.from_numpy(seq)
+    return engine.model.hidden(engine.cache, t, torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.from_numpy(rows))
+
+
 def examples(engine: Engine, pairs: list[tuple[np.ndarray, np.ndarray]]):
     """(h_t, token t+1, token t+2) over every output row t of each (prompt, output)."""
     hidden, nxt, target = [], [], []
-    model, slot = engine.model, 0  # the engine is otherwise idle
     with progress_bar() as bar:
         task = bar.add_task("hidden states", total=len(pairs))
         for prompt, output in pairs:
             seq = np.concatenate([prompt, output])
             rows = np.arange(len(prompt) - 1, len(seq) - 2)  # row t produced seq[t + 1]
             if len(rows):
-                n = len(seq)
                 t = torch.from_numpy(seq)
-                h = model.hidden(
-                    engine.cache, t, torch.arange(n), torch.full((n,), slot), torch.from_numpy(rows)
-                )  # the rows of a prefill are those of the decoding, bit for bit
-                hidden.append(h.float().clone())  # a plain tensor: training keeps it for backward
+                # a plain tensor (not an inference one): training keeps it for backward
+                hidden.append(prefill_hidden(engine, seq, rows).float().clone())
                 nxt.append(t[rows + 1])
                 target.append(t[rows + 2])
             bar.advance(task)
