@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdec.verify import accepted_length
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -68,15 +70,6 @@ class RequestSpec:
     num_draft_tokens: int  # requested draft length; 0 turns speculation off
     end_id: int | None = None
     stop_words: tuple[tuple[int, ...], ...] = ()
-
-
-def accepted_length(draft: Sequence[int], target_tokens: Sequence[int]) -> int:
-    """Draft tokens a greedy verification accepts: the common prefix of the draft and the
-    target's tokens."""
-    n = 0
-    while n < min(len(draft), len(target_tokens)) and draft[n] == target_tokens[n]:
-        n += 1
-    return n
 
 
 class Generation:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec import loop
+from specdec.verify import accepted_length
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,21 @@ class NgramProposer:
     def matches(self, tokens: np.ndarray) -> tuple[np.ndarray, int]:
         """Where the tokens after each earlier occurrence of the longest matching suffix start,
         oldest first, and the suffix's length; (empty, 0) when no suffix of min_n..max_n tokens
-        occurred earlier."""
+        occurred earlier. Grows the match a token at a time from the earlier occurrences of the
+        last token (a search per suffix length took ~0.17 ms a round at 400 tokens)."""
         tokens = np.asarray(tokens)
         length = len(tokens)
-        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
-            # windows starting at 0 .. length-n-1: each has at least one token after it
-            windows = sliding_window_view(tokens[: length - 1], n)
-            hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
-            if len(hits):
-                return hits + n, n
-        return np.zeros(0, dtype=np.int64), 0
+        ends = np.flatnonzero(tokens[: length - 1] == tokens[-1])  # where earlier 1-token matches end
+        n = 1 if len(ends) else 0
+        while len(ends) and n < min(self.max_n, length - 1):
+            room = ends[ends >= n]  # with a token before the match
+            longer = room[tokens[room - n] == tokens[length - 1 - n]]
+            if not len(longer):
+                break
+            ends, n = longer, n + 1
+        if n < self.min_n:
+            return np.zeros(0, dtype=np.int64), 0
+        return ends + 1, n
 
     def lookup(self, tokens: np.ndarray, resume: int | None = None) -> Lookup:
         """The match a draft comes from: of the longest suffix's occurrences, the first whose
@@ -122,7 +127,7 @@ class PromptLookup:
         self._drafted = None
         if lead is not None and tokens[length - 1 : length] != [lead]:
             return
-        accepted = loop.accepted_length(tokens[start : start + count], tokens[length:])
+        accepted = accepted_length(tokens[start : start + count], tokens[length:])
         if accepted:
             self._resume = start + accepted
 

@@ -1,9 +1,10 @@
-"""Draft verification: greedy acceptance and the modified rejection sampler. Pure tensor code.
+"""Draft verification: greedy acceptance and the modified rejection sampler. Pure functions.
 
-Shapes (B sequences, K = the longest draft in the batch, V vocabulary):
+Greedy verification is one sequence's token lists: a batch's tensor version cost more small
+tensor ops (0.6-0.8 ms a step on the CPU engine) than the comparison of a few tokens. The
+rejection sampler works on tensors; its shapes (B sequences, K = the longest draft in the batch, V vocabulary):
     draft_ids      (B, K)      int64, padded past num_draft[b] with any valid id
     num_draft      (B,)        int64, 0 <= num_draft[b] <= K
-    target_ids     (B, K+1)    greedy: the target's argmax at each draft position and one more
     target_probs   (B, K+1, V) sampling: p after temperature / top-k / top-p
     draft_probs    (B, K, V)   sampling with a stochastic proposer: q, same processing; None
                                for a deterministic proposer (q is one-hot on the draft token)
@@ -26,6 +27,7 @@ without speculation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,11 +58,21 @@ def _assemble(draft_ids: torch.Tensor, num_draft: torch.Tensor, accepted: torch.
     return Verdict(num_accepted=num_accepted, tokens=tokens)
 
 
-def greedy_verify(target_ids: torch.Tensor, draft_ids: torch.Tensor, num_draft: torch.Tensor) -> Verdict:
-    """Temperature 0: accept while the draft equals the target's argmax, then emit the argmax.
-    (The argmax, not the logits: the caller takes it over its rows as they are, with no (B, K+1,
-    V) copy.)"""
-    return _assemble(draft_ids, num_draft, draft_ids == target_ids[:, :-1], target_ids)
+def accepted_length(draft: Sequence[int], target_tokens: Sequence[int]) -> int:
+    """Draft tokens a greedy verification accepts: the common prefix of the draft and the
+    target's tokens."""
+    n = 0
+    while n < min(len(draft), len(target_tokens)) and draft[n] == target_tokens[n]:
+        n += 1
+    return n
+
+
+def greedy_verify(target_ids: Sequence[int], draft_ids: Sequence[int]) -> tuple[list[int], int]:
+    """Temperature 0: target_ids (K+1) the target's argmax at each of the K draft positions and
+    one more. Accept while the draft equals it, then emit the target's own token: (the emitted
+    tokens, the number of drafts accepted)."""
+    accepted = accepted_length(draft_ids, target_ids)
+    return list(target_ids[: accepted + 1]), accepted
 
 
 def rejection_sample(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import write_guess_head
+from conftest import TINY, needs_bf16, write_guess_head
 from safetensors.torch import save_file
 
 from specdec.build.guess_head import TrainOptions, examples, fit
@@ -45,6 +45,29 @@ def test_the_guess_is_the_best_scoring_candidate(tiny_target, head_file, draft):
     assert result.next_guess == expected_guess(engine, weights, sequence)
     (plain,) = engine.generate([GenerationRequest(prompt, max_new_tokens=1)])
     assert plain.next_guess == -1  # not asked for
+
+
+@needs_bf16
+def test_the_compiled_head_guesses_what_the_head_through_the_ops_guesses(tiny_target, head_file):
+    """The bf16 engine's one-call kernel (amx.guess_head) against the same head step by step
+    through the ops, on random states: the frequent candidates and the contexts' own tokens
+    both win some of them."""
+    engine = Engine(tiny_target, dtype="bfloat16", kv_slots=1, max_seq_len=64, guess_head=head_file[0])
+    head = engine.guess_head
+    assert head.kernel is not None
+    g = torch.Generator().manual_seed(0)
+    frequent = own = 0
+    for _ in range(60):
+        batch = int(torch.randint(1, 4, (1,), generator=g))
+        hidden = torch.randn(batch, TINY["hidden_size"], generator=g) * 4
+        tokens = torch.randint(0, TINY["vocab_size"], (batch,), generator=g)
+        contexts = [torch.randint(0, TINY["vocab_size"], (n,), generator=g).tolist() for n in range(3, 3 + batch)]
+        guesses = head.guess(hidden, tokens, contexts)
+        assert guesses == head._guess(hidden, tokens, contexts)
+        for guess in guesses:
+            frequent += bool(head.is_candidate[guess])
+            own += not head.is_candidate[guess]
+    assert frequent and own
 
 
 def test_asking_an_engine_without_a_head_is_an_error_naming_the_input(tiny_target):

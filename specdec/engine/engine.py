@@ -307,19 +307,14 @@ class Engine:
     def _verify_greedy(
         self, logits: torch.Tensor, starts: np.ndarray, drafts: list[list[int]]
     ) -> list[tuple[list[int], int]]:
-        """(emitted tokens, accepted drafts) of each greedy sequence, in one verification for all
-        of them: per sequence the small tensor ops cost more than its share of the forward."""
+        """(emitted tokens, accepted drafts) of each greedy sequence, from one argmax over all
+        the rows."""
         if not drafts:
             return []
-        width = max(map(len, drafts))
-        num_draft = torch.tensor([len(d) for d in drafts], device=self.device)
-        draft = torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.int64, device=self.device)
-        # (B, K+1) logit rows: each sequence's own, its last repeated past its draft (never read)
-        rows = torch.as_tensor(starts, device=self.device)[:, None] + torch.minimum(
-            torch.arange(width + 1, device=self.device)[None, :], num_draft[:, None]
-        )
-        verdict = verify.greedy_verify(_argmax(logits)[rows], draft, num_draft)
-        return [(verdict.emitted(b), int(verdict.num_accepted[b])) for b in range(len(drafts))]
+        best = _argmax(logits).tolist()
+        return [
+            verify.greedy_verify(best[start : start + len(d) + 1], d) for start, d in zip(starts, drafts, strict=True)
+        ]
 
     def _verify_sampled(self, s: _Seq, rows: torch.Tensor, d: list[int]) -> tuple[list[int], int]:
         draft = torch.tensor([d], dtype=torch.int64, device=self.device)

@@ -41,6 +41,7 @@ Weight = torch.Tensor | PackedWeight  # what ops.weight() makes of an (N, K) mat
 
 class CpuOps:
     cache_dtype: torch.dtype | None = None
+    guess_kernel = None  # GuessHead.guess compiled (amx.guess_head), or None: through these ops
     pack_weight = staticmethod(kernels.pack_weight)  # (N, K) -> the tiles of linear()'s kernel
     layers_kernel = staticmethod(kernels.decoder_layers)
 
@@ -93,6 +94,7 @@ class CpuOps:
 
 class TorchOps:
     cache_dtype: torch.dtype | None = None
+    guess_kernel = None
 
     @staticmethod
     def cache_layout(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[tuple[int, ...], ...]:
@@ -168,6 +170,7 @@ class CpuBf16Ops(CpuOps):
 
     cache_dtype = torch.bfloat16
     cache_layout = staticmethod(amx.cache_shapes)
+    guess_kernel = staticmethod(amx.guess_head)
     pack_weight = staticmethod(amx.pack_weight)
     layers_kernel = staticmethod(amx.decoder_layers)
 
