@@ -35,6 +35,26 @@ def test_matches_lists_every_earlier_occurrence_of_the_longest_suffix():
     assert (starts.tolist(), n) == ([], 0)
 
 
+def test_matches_agree_with_a_search_of_every_window_on_random_sequences():
+    """matches() grows its match from the last token's occurrences; the definition, by brute
+    force: the longest n (max_n down to min_n) whose suffix occurs in a window with a token after it."""
+
+    def by_definition(tokens, min_n, max_n):
+        for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+            suffix = tokens[len(tokens) - n :].tolist()
+            starts = [i + n for i in range(len(tokens) - n) if tokens[i : i + n].tolist() == suffix]
+            if starts:
+                return starts, n
+        return [], 0
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        min_n, max_n = int(rng.integers(1, 3)), int(rng.integers(3, 6))
+        tokens = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(0, 30)))
+        starts, n = NgramProposer(min_n, max_n).matches(tokens)
+        assert (starts.tolist(), n) == by_definition(tokens, min_n, max_n)
+
+
 def test_no_match_proposes_nothing():
     assert NgramProposer(2, 3).propose(np.array([1, 2, 3, 4]), 4).tolist() == []
 
@@ -45,6 +65,7 @@ def test_proposal_is_cut_at_the_end_of_the_sequence():
 
 def test_zero_tokens_and_tiny_sequences():
     ngram = NgramProposer(1, 4)
+    assert ngram.propose(np.array([], dtype=np.int64), 4).tolist() == []
     assert ngram.propose(np.array([3]), 4).tolist() == []
     assert ngram.propose(np.array([3, 3]), 0).tolist() == []
     assert ngram.propose(np.array([3, 3]), 2).tolist() == [3]
