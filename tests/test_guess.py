@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -68,6 +71,22 @@ def test_the_compiled_head_guesses_what_the_head_through_the_ops_guesses(tiny_ta
             frequent += bool(head.is_candidate[guess])
             own += not head.is_candidate[guess]
     assert frequent and own
+
+
+@needs_bf16
+def test_warmup_compiles_the_guess_kernel(tiny_target, head_file):
+    """A server's first guess must not wait for numba to compile (or load) the head's kernel:
+    after warmup() alone, in a fresh process, the kernel has its compiled signature."""
+    script = (
+        "import sys\n"
+        "from specdec.engine import amx\n"
+        "from specdec.engine.engine import Engine\n"
+        "engine = Engine(sys.argv[1], dtype='bfloat16', kv_slots=1, max_seq_len=64, guess_head=sys.argv[2])\n"
+        "assert not amx.guess_head.signatures\n"
+        "engine.warmup()\n"
+        "assert amx.guess_head.signatures\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tiny_target), str(head_file[0])], check=True)
 
 
 def test_asking_an_engine_without_a_head_is_an_error_naming_the_input(tiny_target):

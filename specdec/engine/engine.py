@@ -144,7 +144,16 @@ class Engine:
     def warmup(self) -> None:
         """Run a tiny generation so kernels are compiled (or loaded from numba's cache) before
         the first real request, not during it."""
-        self.generate([GenerationRequest(np.array([0, 1], dtype=np.int64), max_new_tokens=2, draft_ids=np.array([1]))])
+        self.generate(
+            [
+                GenerationRequest(
+                    np.array([0, 1], dtype=np.int64),
+                    max_new_tokens=2,
+                    draft_ids=np.array([1]),
+                    return_guess=self.guess_head is not None,
+                )
+            ]
+        )
         self.recent_forwards.clear()  # compilation time is no forward's cost
 
     def calibrate(self, rows: tuple[int, ...] = CALIBRATION_ROWS, repeats: int = 5) -> dict[str, list]:
