@@ -53,7 +53,7 @@ class GuessHead:
         self.is_candidate[candidates.numpy()] = True
         self.kernel = ops.guess_kernel
         if self.kernel is not None:  # its arguments besides the rows and contexts, as it takes them
-            self.weights = (
+            self.kernel_args = (
                 self.fc1.tiles.numpy(), self.b1.float().numpy(), self.fc2.tiles.numpy(), self.b2.float().numpy(),
                 self.candidate_rows.tiles.numpy(), self.candidates, self.is_candidate,
                 model.embed.view(torch.int16).numpy(),
@@ -67,7 +67,7 @@ class GuessHead:
         guesses = np.empty(len(contexts), dtype=np.int64)
         flat = np.concatenate([np.asarray(c, dtype=np.int64) for c in contexts])
         offsets = np.cumsum([0] + [len(c) for c in contexts])
-        self.kernel(hidden.numpy(), tokens.numpy(), *self.weights, flat, offsets, guesses)
+        self.kernel(hidden.numpy(), tokens.numpy(), *self.kernel_args, flat, offsets, guesses)
         return guesses.tolist()
 
     def _guess(self, hidden: torch.Tensor, tokens: torch.Tensor, contexts: Sequence[Sequence[int]]) -> list[int]:
