@@ -61,7 +61,7 @@ class Sample:
     prompt: np.ndarray
     output: np.ndarray
     prefill_s: float
-    guesses: np.ndarray | None = None  # [n]: the engine's guess at token n of prompt + output (-1: none)
+    guesses: list[list[int]] | None = None  # [n]: the engine's guesses at token n of prompt + output ([]: none)
 
 
 def occurs(context: np.ndarray, span: np.ndarray) -> bool:
@@ -87,26 +87,27 @@ def served_lookup(lookup: PromptLookup) -> Propose:
     return propose
 
 
-def guessed_lookup(lookup: PromptLookup, guesses: np.ndarray) -> Propose:
-    """served_lookup, hearing the engine's guess for each point of the output."""
+def guessed_lookup(lookup: PromptLookup, guesses: list[list[int]]) -> Propose:
+    """served_lookup, hearing the engine's guesses for each point of the output."""
 
     def propose(context: np.ndarray, _continuation: np.ndarray, k: int) -> list[np.ndarray]:
-        lookup.heard(len(context), int(guesses[len(context)]))
+        lookup.heard(len(context), guesses[len(context)])
         return [np.asarray(lookup.draft(context.tolist(), k), dtype=np.int64)]
 
     return propose
 
 
-def engine_guesses(engine: Engine, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
-    """The guess a round ending at each token of the output would bring: from one prefill of the
-    whole sequence, whose rows are bit for bit those of the decoding."""
+def engine_guesses(engine: Engine, prompt: np.ndarray, output: np.ndarray) -> list[list[int]]:
+    """The guesses a round ending at each token of the output would bring: from one prefill of
+    the whole sequence, whose rows are bit for bit those of the decoding."""
     assert engine.guess_head is not None
     seq = np.concatenate([prompt, output])
     rows = np.arange(len(prompt) - 1, len(seq) - 1)  # row t produced token t + 1
     hidden = prefill_hidden(engine, seq, rows)
-    made = engine.guess_head.guess(hidden, torch.from_numpy(seq[rows + 1]), [seq[: t + 2] for t in rows])
-    guesses = np.full(len(seq) + 1, -1)
-    guesses[rows + 2] = made
+    made = engine.guess_head.guesses(hidden, torch.from_numpy(seq[rows + 1]), [seq[: t + 2] for t in rows])
+    guesses: list[list[int]] = [[] for _ in range(len(seq) + 1)]
+    for t, g in zip(rows + 2, made, strict=True):
+        guesses[t] = g
     return guesses
 
 

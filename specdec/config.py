@@ -201,6 +201,14 @@ class TrtllmOptions(_Strict):
         return self
 
 
+# How far below its guess's score (in logits) the guess head still finds a token plausible
+# (specdec/engine/guess.py, specdec/proposers.py). The built-in grounded prompts' greedy outputs
+# replayed (benchmarks/copy_bound.py's way, drafts of 15), tokens a round at margins 0, 1, 2, 3,
+# 4, 6, 8: 2.99, 3.02, 3.04, 3.08, 3.09, 3.09, 3.07 (held out: 2.91, 2.94, 2.98, 3.00, 3.00,
+# 2.99, 2.98).
+GUESS_MARGIN = 4.0
+
+
 class NgramOptions(_Strict):
     min_n: Annotated[int, Field(ge=1, le=16)] = 1
     max_n: Annotated[int, Field(ge=1, le=16)] = 4
@@ -208,6 +216,11 @@ class NgramOptions(_Strict):
         None,
         description="backend pytorch: the target's guess head (.safetensors, `specdec train-guess-head`), "
         "whose guesses lead drafts where lookup matches little",
+    )
+    guess_margin: Annotated[float, Field(ge=0)] = Field(
+        GUESS_MARGIN,
+        description="where lookup matches one token, its copy keeps the lead over the guess if the head "
+        "scores the copy's next token within this many logits of its guess",
     )
 
     @model_validator(mode="after")

@@ -37,9 +37,9 @@ ENGINE_OUTPUTS: dict[str, np.dtype] = {
     "total_accepted_draft_tokens": np.int32,
     "acceptance_rate": np.float32,
 }
-# the PyTorch engine's own, beside those: its guess at the token after the new ones (-1: none),
-# when asked (specdec/engine/guess.py)
-GUESS_INPUT, GUESS_OUTPUT = "return_next_guess", "next_guess"
+# the PyTorch engine's own, beside those, when asked: its guess at the token after the new ones,
+# then the other tokens it finds plausible, best first ([-1]: none; specdec/engine/guess.py)
+GUESS_INPUT, GUESS_OUTPUT = "return_next_guess", "next_guesses"
 
 # --- the ensemble: what clients, genai-perf and curl talk to ------------------------------------
 ENSEMBLE_INPUTS: dict[str, np.dtype] = {

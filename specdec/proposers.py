@@ -6,6 +6,7 @@ here needs no model: prompt lookup (n-gram) decoding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ class Lookup:
 
 NO_MATCH = Lookup(0, 0)
 GUESSED = -1  # PromptLookup.evidence() of a draft the engine's guess leads: its own acceptance
-# A guess leads where lookup's own match is shorter than this. Replaying the held-out grounded
+# A guess may lead where lookup's own match is shorter than this. Replaying the held-out grounded
 # prompts' outputs (copy_bound's way, with a smaller head trained on a quarter of the data):
 # 2.51x priced, against 2.48x from one token and 2.34x from three; 2.33x without guesses.
 GUESS_BELOW = 2
@@ -61,13 +62,19 @@ class NgramProposer:
             return np.zeros(0, dtype=np.int64), 0
         return ends + 1, n
 
-    def lookup(self, tokens: np.ndarray, resume: int | None = None) -> Lookup:
-        """The match a draft comes from: of the longest suffix's occurrences, the first whose
-        continuation starts at or after `resume` (where the previous accepted copy left off: a
-        copy goes on from there), else the most recent."""
+    def lookup(self, tokens: np.ndarray, resume: int | None = None, ranked: Sequence[int] = ()) -> Lookup:
+        """The match a draft comes from: of the longest suffix's occurrences, those whose next
+        token comes first in `ranked` (the engine's plausible next tokens, best first; a token not
+        in it last), and of those the first whose continuation starts at or after `resume` (where
+        the previous accepted copy left off: a copy goes on from there), else the most recent."""
         starts, n = self.matches(tokens)
         if not n:
             return NO_MATCH
+        if len(ranked) and len(starts) > 1:
+            rank = np.full(len(starts), len(ranked))
+            for i, token in enumerate(ranked[::-1]):
+                rank[tokens[starts] == token] = len(ranked) - 1 - i
+            starts = starts[rank == rank.min()]
         if resume is not None and (later := starts[starts >= resume]).size:
             return Lookup(int(later[0]), n)
         return Lookup(int(starts[-1]), n)
@@ -82,15 +89,21 @@ class PromptLookup:
     """One request's prompt lookups: the evidence its draft length is decided by (the length of
     the match) and the draft after it come from one search of the sequence.
 
-    Among the suffix's matches it prefers the one that goes on from where its last accepted
-    draft left off in the sequence (NgramProposer.lookup's resume): a rewrite copies its source
-    in order, while the most recent occurrence of a short suffix is often elsewhere.
+    Among the suffix's matches it prefers the one that goes on with the token the engine ranks
+    best among its guesses (heard(): the guess, then the other tokens it finds plausible), then
+    the one that goes on from where its last accepted draft left off in the sequence
+    (NgramProposer.lookup's resume): a rewrite copies its source in order, while the most recent
+    occurrence of a short suffix is often elsewhere.
 
-    Where the match is shorter than GUESS_BELOW tokens and the engine guessed the next token
-    (heard()), the draft is the guess and then what lookup finds after it: a copy often starts
-    where the text so far matches nothing (specdec/engine/guess.py).
-    benchmarks/copy_bound.py, with the bf16 engine's forward times: 2.40x against 2.34x on the
-    built-in grounded prompts (code 5.11x against 4.73x), 2.25x against 2.20x held out."""
+    Where the match is shorter than GUESS_BELOW tokens and the engine guessed the next token, the
+    draft is the guess and then what lookup finds after it: a copy often starts where the text so
+    far matches nothing (specdec/engine/guess.py). A match of one token keeps the lead if the
+    engine finds its copy's next token plausible too: the copy it starts runs on, where a guess's
+    run is cut short by what lookup finds after one token.
+    benchmarks/copy_bound.py, greedy outputs replayed with drafts of 15 and priced with the bf16
+    engine's forward times: held-out grounded prompts 3.00 tokens a round, 2.50x (2.90, 2.43x with
+    the guess alone leading short matches; 2.62 tokens a round without guesses); built-in
+    grounded 3.09, 2.57x (2.99, 2.50x)."""
 
     def __init__(self, ngram: NgramProposer, prompt_length: int):
         self.ngram, self.prompt_length = ngram, prompt_length
@@ -98,11 +111,13 @@ class PromptLookup:
         # the last draft: (sequence length, start, tokens) of its copy, and the guess that led it
         self._drafted: tuple[int, int, int, int | None] | None = None
         self._resume: int | None = None  # where the last accepted draft's copy left off
-        self._guess: tuple[int, int] | None = None  # (sequence length, the engine's guess of its next token)
+        # (sequence length, the engine's guesses at its next token: its guess, then the other plausible ones)
+        self._guesses: tuple[int, list[int]] | None = None
 
-    def heard(self, length: int, guess: int) -> None:
-        """The engine's guess at the token after the first `length` of the sequence (-1: none)."""
-        self._guess = (length, guess) if guess >= 0 else None
+    def heard(self, length: int, guesses: list[int]) -> None:
+        """The engine's guess at the token after the first `length` of the sequence, then the other
+        tokens it finds plausible there ([]: none)."""
+        self._guesses = (length, guesses) if guesses else None
 
     def find(self, tokens: list[int]) -> Lookup:
         if self._found[0] != len(tokens):
@@ -113,9 +128,10 @@ class PromptLookup:
             # they joined. Lookup starts with the first generated token.
             found = NO_MATCH
             if len(tokens) > self.prompt_length:
-                found = self.ngram.lookup(np.asarray(tokens), self._resume)
-                if found.length < GUESS_BELOW and self._guess is not None and self._guess[0] == len(tokens):
-                    guess = self._guess[1]
+                guesses = self._guesses[1] if self._guesses and self._guesses[0] == len(tokens) else []
+                found = self.ngram.lookup(np.asarray(tokens), self._resume, guesses)
+                if guesses and found.length < GUESS_BELOW and not (found.length and tokens[found.start] in guesses):
+                    guess = guesses[0]
                     after = self.ngram.lookup(np.asarray([*tokens, guess]), self._resume)
                     found = Lookup(after.start if after.length else len(tokens) + 1, after.length, guess)
             self._found = (len(tokens), found)

@@ -87,7 +87,7 @@ class NoMetrics:
 class Generated(NamedTuple):
     ids: list[int]  # the call's new tokens
     logits: np.ndarray | None  # (len(ids), V) when asked for
-    guess: int  # the engine's guess at the token after them (when asked for); -1: none
+    guesses: list[int]  # the engine's guess at the token after them, then its other plausible ones; []: none
 
 
 def no_evidence(tokens: list[int]) -> None:
@@ -167,8 +167,9 @@ class EngineClient:
             logits = result.get("generation_logits")
             if logits is not None:
                 logits = np.asarray(logits, dtype=np.float32).reshape(len(ids), -1)
-            guess = int(np.asarray(result[GUESS_OUTPUT]).reshape(-1)[0]) if return_guess else -1
-            return Generated(ids, logits, guess)
+            guesses = np.asarray(result[GUESS_OUTPUT]).reshape(-1).tolist() if return_guess else []
+            guesses = [g for g in guesses if g >= 0]
+            return Generated(ids, logits, guesses)
 
         return lambda: tokens(send())
 
@@ -289,9 +290,9 @@ class SpecDecodeService:
             send = self.target.prepare_generate(
                 tokens, len(draft.ids) + 1, sampling, key, end_id, draft, return_guess=ask
             )
-            ids, _, guess = await self.lockstep.call(member, rows, send)
+            ids, _, guesses = await self.lockstep.call(member, rows, send)
             if listener is not None:
-                listener.heard(len(tokens) + len(ids), guess)
+                listener.heard(len(tokens) + len(ids), guesses)
             return ids
 
         def choose_k(gen: loop.Generation) -> int:

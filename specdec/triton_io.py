@@ -259,7 +259,7 @@ def engine_outputs(result: GenerationResult, request: GenerationRequest, exclude
         "acceptance_rate": np.array(
             [[result.num_accepted / result.num_draft if result.num_draft else 0.0]], np.float32
         ),
-        GUESS_OUTPUT: np.array([[result.next_guess]], dtype=np.int32),
+        GUESS_OUTPUT: np.array([result.next_guesses or [-1]], dtype=np.int32),
     }
     if result.logits is not None:
         out["generation_logits"] = result.logits.astype(np.float32)[None, None]

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from specdec.build.guess_head import TrainOptions, examples, fit
 from specdec.engine.engine import Engine, GenerationRequest, RequestError
+from specdec.engine.guess import MAX_GUESSES
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +22,10 @@ def head_file(tmp_path_factory):
     return path, write_guess_head(path)
 
 
-def expected_guess(engine: Engine, weights: dict, sequence: list[int]) -> int:
+def expected_guesses(engine: Engine, weights: dict, sequence: list[int], margin: float) -> list[int]:
     """By hand: the head over the last token's row of a prefill of the sequence without its last
-    token, scored against the frequent candidates and the sequence's own tokens."""
+    token, scored against the frequent candidates and the sequence's own tokens: the best, then
+    the others within the margin, best first."""
     model, n = engine.model, len(sequence) - 1
     slot = torch.full((n,), 1)
     h = model.hidden(engine.cache, torch.tensor(sequence[:-1]), torch.arange(n), slot, torch.tensor([n - 1]))
@@ -33,44 +35,51 @@ def expected_guess(engine: Engine, weights: dict, sequence: list[int]) -> int:
     z = z + weights["fc2.bias"]
     candidates = sorted(set(weights["candidates"].tolist()) | set(sequence))
     scores = (z @ model.embedding(torch.tensor(candidates)).T)[0]
-    return candidates[int(scores.argmax())]
+    order = scores.argsort(descending=True).tolist()
+    return [candidates[i] for i in order if scores[i] >= scores[order[0]] - margin][:MAX_GUESSES]
 
 
 @pytest.mark.parametrize("draft", [None, [3, 4, 5]], ids=["step", "verification"])
-def test_the_guess_is_the_best_scoring_candidate(tiny_target, head_file, draft):
+@pytest.mark.parametrize("margin", [0.0, 1e3])
+def test_the_guesses_are_the_best_scoring_candidate_and_those_within_the_margin(tiny_target, head_file, draft, margin):
     path, weights = head_file
-    engine = Engine(tiny_target, kv_slots=2, max_seq_len=64, guess_head=path)
+    engine = Engine(tiny_target, kv_slots=2, max_seq_len=64, guess_head=path, guess_margin=margin)
     prompt = np.array([2, 7, 11, 3, 4, 60, 61], dtype=np.int64)
     new = 1 if draft is None else len(draft) + 1
     request = GenerationRequest(prompt, new, None if draft is None else np.array(draft), return_guess=True)
     (result,) = engine.generate([request])
     sequence = [*prompt.tolist(), *result.tokens.tolist()]
-    assert result.next_guess == expected_guess(engine, weights, sequence)
+    assert result.next_guesses == expected_guesses(engine, weights, sequence, margin)
+    every = len(set(weights["candidates"].tolist()) | set(sequence))  # a margin of 1e3 takes them all
+    assert len(result.next_guesses) == (1 if margin == 0 else min(every, MAX_GUESSES))
     (plain,) = engine.generate([GenerationRequest(prompt, max_new_tokens=1)])
-    assert plain.next_guess == -1  # not asked for
+    assert plain.next_guesses == []  # not asked for
 
 
 @needs_bf16
 def test_the_compiled_head_guesses_what_the_head_through_the_ops_guesses(tiny_target, head_file):
     """The bf16 engine's one-call kernel (amx.guess_head) against the same head step by step
     through the ops, on random states: the frequent candidates and the contexts' own tokens
-    both win some of them."""
-    engine = Engine(tiny_target, dtype="bfloat16", kv_slots=1, max_seq_len=64, guess_head=head_file[0])
+    both win some of them, and some have plausible tokens besides the guess."""
+    engine = Engine(
+        tiny_target, dtype="bfloat16", kv_slots=1, max_seq_len=64, guess_head=head_file[0], guess_margin=2.0
+    )
     head = engine.guess_head
     assert head.kernel is not None
     g = torch.Generator().manual_seed(0)
-    frequent = own = 0
+    frequent = own = plausible = 0
     for _ in range(60):
         batch = int(torch.randint(1, 4, (1,), generator=g))
         hidden = torch.randn(batch, TINY["hidden_size"], generator=g) * 4
         tokens = torch.randint(0, TINY["vocab_size"], (batch,), generator=g)
         contexts = [torch.randint(0, TINY["vocab_size"], (n,), generator=g).tolist() for n in range(3, 3 + batch)]
-        guesses = head.guess(hidden, tokens, contexts)
-        assert guesses == head._guess(hidden, tokens, contexts)
-        for guess in guesses:
+        guesses = head.guesses(hidden, tokens, contexts)
+        assert guesses == head._guesses(hidden, tokens, contexts)
+        for guess, *others in guesses:
             frequent += bool(head.is_candidate[guess])
             own += not head.is_candidate[guess]
-    assert frequent and own
+            plausible += bool(others)
+    assert frequent and own and plausible
 
 
 @needs_bf16

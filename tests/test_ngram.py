@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from specdec.proposers import GUESSED, NgramProposer, PromptLookup
+from specdec.proposers import GUESSED, Lookup, NgramProposer, PromptLookup
 
 
 def test_proposes_what_followed_the_longest_earlier_match():
@@ -76,6 +76,19 @@ def test_rejects_bad_bounds():
         NgramProposer(3, 2)
 
 
+def test_lookup_prefers_the_match_whose_next_token_is_ranked_first():
+    """ranked: the engine's plausible next tokens, best first. Of the suffix's occurrences the one
+    followed by the best-ranked token wins; a tie (or nothing ranked) goes by resume, then recency."""
+    ngram = NgramProposer(1, 4)
+    tokens = np.array([9, 5, 1, 9, 5, 2, 9, 5, 3, 9, 5])  # "9 5" followed by 1, 2 and 3
+    assert ngram.lookup(tokens) == Lookup(8, 2)  # the most recent: 3
+    assert ngram.lookup(tokens, ranked=[2, 1]) == Lookup(5, 2)
+    assert ngram.lookup(tokens, ranked=[8, 1]) == Lookup(2, 2)
+    assert ngram.lookup(tokens, ranked=[8]) == Lookup(8, 2)  # none ranked: as without
+    assert ngram.lookup(tokens, resume=3, ranked=[8]) == Lookup(5, 2)
+    assert ngram.lookup(tokens, resume=6, ranked=[1]) == Lookup(2, 2)  # the rank before the resume point
+
+
 def test_prompt_lookup_gives_its_match_length_and_drafts_from_that_match():
     lookup = PromptLookup(NgramProposer(1, 4), prompt_length=6)
     prompt = [1, 2, 3, 4, 5, 9]
@@ -105,21 +118,34 @@ def test_a_guess_leads_where_lookup_matches_less_than_two_tokens():
     prompt = [7, 5, 1, 2, 3, 8, 9, 4]
     lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
     tokens = [*prompt, 6]  # 6: no match
-    lookup.heard(len(tokens), 1)
+    lookup.heard(len(tokens), [1])
     assert lookup.evidence(tokens) == GUESSED
     assert lookup.draft(tokens, 4) == [1, 2, 3, 8]  # the guess 1, then what followed 1 in the prompt
     tokens = [*prompt, 2, 3]  # "2 3" matched: two tokens, no guess
     lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
-    lookup.heard(len(tokens), 4)
+    lookup.heard(len(tokens), [4])
     assert lookup.evidence(tokens) == 2 and lookup.draft(tokens, 2) == [8, 9]
+
+
+def test_a_one_token_match_keeps_the_lead_where_the_engine_finds_its_next_token_plausible():
+    """The engine's guesses after the first are the other tokens it finds plausible: a one-token
+    match whose copy goes on with one of them drafts its copy; otherwise the guess leads."""
+    prompt = [7, 5, 1, 2, 3, 8, 9, 4]
+    tokens = [*prompt, 1]  # "1" matched at prompt[2]: its copy goes on 2, 3, 8
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
+    lookup.heard(len(tokens), [9, 2])
+    assert lookup.evidence(tokens) == 1 and lookup.draft(tokens, 3) == [2, 3, 8]
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
+    lookup.heard(len(tokens), [9, 5])
+    assert lookup.evidence(tokens) == GUESSED and lookup.draft(tokens, 3) == [9, 4, 1]
 
 
 def test_a_guess_is_only_for_the_length_it_was_made_for():
     prompt = [7, 5, 1, 2, 3, 8, 9, 4]
     lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt))
-    lookup.heard(len(prompt) + 1, 3)
+    lookup.heard(len(prompt) + 1, [3])
     assert lookup.draft([*prompt, 6, 6], 3) == [6]  # made for another length: ignored ("6" matched)
-    lookup.heard(len(prompt) + 3, -1)  # no guess
+    lookup.heard(len(prompt) + 3, [])  # no guess
     assert lookup.evidence([*prompt, 6, 6, 0]) == 0
-    lookup.heard(len(prompt) + 4, 99)
+    lookup.heard(len(prompt) + 4, [99])
     assert lookup.draft([*prompt, 6, 6, 0, 2], 3) == [99]  # nothing follows the guess: itself alone

@@ -55,6 +55,7 @@ def engine_values(profile: Profile, role: str) -> dict[str, object]:
         # CPU engines of one server take turns at forward passes (see engine.ForwardLock)
         "lock_file": str(profile.build_path() / "engine.lock") if eng.device == "cpu" else None,
         "guess_head": profile.speculation.ngram.guess_head if role == "target" else None,
+        "guess_margin": profile.speculation.ngram.guess_margin,
     }
     return {
         "calibration_file": calibration_path(profile.build_path(), role),

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from specdec import sampling, verify
+from specdec.config import GUESS_MARGIN
 from specdec.engine.guess import GuessHead
 from specdec.engine.kv_slots import CacheFullError, SlotTable
 from specdec.engine.model import Llama, resolve_dtype
@@ -55,7 +56,8 @@ class GenerationResult:
     num_draft: int = 0
     num_accepted: int = 0
     reused: int = 0  # input tokens whose cache was reused
-    next_guess: int = -1  # the guess head's token after the last new one; -1: none
+    # the guess head's token after the last new one, then the others it finds plausible; []: none
+    next_guesses: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -71,7 +73,7 @@ class _Seq:
     logits: list[torch.Tensor] = field(default_factory=list)
     num_accepted: int = 0
     done: bool = False
-    guess: int = -1
+    guesses: list[int] = field(default_factory=list)
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -126,6 +128,7 @@ class Engine:
         threads: int | None = None,
         lock_file: str | Path | None = None,
         guess_head: str | Path | None = None,
+        guess_margin: float = GUESS_MARGIN,
     ):
         dtype = resolve_dtype(dtype, device)
         _set_threads(threads)
@@ -136,7 +139,7 @@ class Engine:
         self.slots = SlotTable(kv_slots)
         self.vocab_size = self.model.cfg.vocab_size
         self.device = self.model.device
-        self.guess_head = GuessHead(guess_head, self.model) if guess_head else None
+        self.guess_head = GuessHead(guess_head, self.model, guess_margin) if guess_head else None
         self.max_batch_seen = 0  # largest number of requests served by one generate() call
         # (rows, seconds) of the latest forwards, for whoever keeps the cost model current
         self.recent_forwards: deque[tuple[int, float]] = deque(maxlen=1024)
@@ -217,7 +220,7 @@ class Engine:
                 num_draft=0 if s.req.draft_ids is None else len(s.req.draft_ids),
                 num_accepted=s.num_accepted,
                 reused=s.reused,
-                next_guess=s.guess,
+                next_guesses=s.guesses,
             )
         return results
 
@@ -309,9 +312,9 @@ class Engine:
             assert self.guess_head is not None  # (_validate)
             last = tensor([s.tokens[-1] for s, _ in wanting])
             rows = [row for _, row in wanting]
-            guesses = self.guess_head.guess(hidden[rows], last, [s.tokens for s, _ in wanting])
+            guesses = self.guess_head.guesses(hidden[rows], last, [s.tokens for s, _ in wanting])
             for (s, _), g in zip(wanting, guesses, strict=True):
-                s.guess = g
+                s.guesses = g
 
     def _verify_greedy(
         self, logits: torch.Tensor, starts: np.ndarray, drafts: list[list[int]]
