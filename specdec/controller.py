@@ -128,18 +128,26 @@ class Acceptance:
     """How drafts fared: a draft is accepted up to its first rejection, so `accepted` of `drafted`
     tokens is one trial of its first token, then accepted - 1 successes and (if the draft went
     on) one failure of the tokens after an accepted one. Counts forget at every round; those by
-    evidence at every round from that evidence (a strong match may come once in a while)."""
+    evidence at every round from that evidence (a strong match may come once in a while). By
+    evidence the next tokens too: a copy after a 4-token match ran on (the held-out grounded
+    prompts at one user, in process: 7.2 tokens of a draft accepted on average, 88% of first
+    tokens), a draft led by the engine's guess stopped soon (0.53, 36%): one next-token rate
+    for both had drafted the first short and the second long (1.5% fewer tokens a second than
+    drafts of 15 throughout, where with a rate each it is 1.3-2.1% more)."""
 
     first: Rate = field(default_factory=Rate)
     next: Rate = field(default_factory=Rate)
     first_by_evidence: dict[int, Rate] = field(default_factory=dict)  # first tokens by the proposer's evidence
+    next_by_evidence: dict[int, Rate] = field(default_factory=dict)  # next tokens by the same
 
     def observe(self, drafted: int, accepted: int, evidence: int | None, decay: float) -> None:
-        self.first.observe(int(accepted > 0), 1, decay)
         hits = max(accepted - 1, 0)
-        self.next.observe(hits, hits + int(0 < accepted < drafted), decay)
+        trials = hits + int(0 < accepted < drafted)
+        self.first.observe(int(accepted > 0), 1, decay)
+        self.next.observe(hits, trials, decay)
         if evidence:
             self.first_by_evidence.setdefault(evidence, Rate()).observe(int(accepted > 0), 1, decay)
+            self.next_by_evidence.setdefault(evidence, Rate()).observe(hits, trials, decay)
 
 
 @dataclass
@@ -173,13 +181,13 @@ class Controller:
     answers and summaries copy short ones: one next-token rate for all overdrafted the latter.
     Where the proposer gives evidence, the first-token rate is the request's own count for that
     evidence, shrunk toward the proposer's recent rate for it over all requests, itself shrunk
-    toward the proposer's overall rate."""
+    toward the proposer's overall rate; and the next-token rate the same way, toward the
+    request's next-token rate."""
 
     options: AdaptiveOptions
     target: ForwardCost | None = None
     draft: ForwardCost | None = None
-    recent: dict[str, Rate] = field(default_factory=dict)  # proposer -> its drafts' first tokens, all requests
-    recent_by_evidence: dict[tuple[str, int], Rate] = field(default_factory=dict)  # (proposer, evidence) -> the same
+    recent: dict[str, Acceptance] = field(default_factory=dict)  # proposer -> its drafts, all requests
     requests: dict[str, RequestState] = field(default_factory=dict)
     overhead_s: float = 0.0  # of a served round beyond its forwards: see observe_round()
     _plan: Plan | None = field(default=None, init=False, repr=False)  # made once a round: choose_k()
@@ -203,10 +211,11 @@ class Controller:
         weight = self.options.prior_weight
         first = state.drafts.first.estimate(self.proposer_rate(state.proposer), weight)
         then = state.drafts.next.estimate(first, self.options.next_prior_weight)
-        if evidence:
-            proposer = self.recent_by_evidence.get((state.proposer, evidence), Rate())
-            prior = proposer.estimate(self.proposer_rate(state.proposer), weight)
+        if evidence and (recent := self.recent.get(state.proposer)) is not None:
+            prior = recent.first_by_evidence.get(evidence, Rate()).estimate(self.proposer_rate(state.proposer), weight)
             first = state.drafts.first_by_evidence.get(evidence, Rate()).estimate(prior, weight)
+            prior = recent.next_by_evidence.get(evidence, Rate()).estimate(then, weight)
+            then = state.drafts.next_by_evidence.get(evidence, Rate()).estimate(prior, weight)
         return first, then
 
     def would_draft(self, key: str, evidence: int) -> bool:
@@ -226,7 +235,7 @@ class Controller:
         """The first-token rate of the proposer's recent drafts over all requests."""
         recent = self.recent.get(proposer)
         prior, weight = self.options.prior_acceptance, self.options.prior_weight
-        return prior if recent is None else recent.estimate(prior, weight)
+        return prior if recent is None else recent.first.estimate(prior, weight)
 
     # --- decisions --------------------------------------------------------------------------------
     def choose_k(self, key: str, budget: int, evidence: int | None = None) -> int:
@@ -262,7 +271,7 @@ class Controller:
             # proposer's recent first-token rate, give or take its error, says a draft token may
             # pay (under load it would not, and a probe is then a row of pure cost).
             state.rounds_without_drafts += 1
-            recent = self.recent[state.proposer].upper(self.options.prior_acceptance, self.options.prior_weight)
+            recent = self.recent[state.proposer].first.upper(self.options.prior_acceptance, self.options.prior_weight)
             if state.rounds_without_drafts >= self.options.probe_every and recent > self._probe_bar(state, plan):
                 state.rounds_without_drafts = 0
                 k = 1
@@ -319,10 +328,7 @@ class Controller:
         state.drafts.observe(drafted, accepted, state.evidence, 1.0 - self.options.ema_alpha)
         # the proposer's counts forget at the same pace per round, however many requests report
         decay = 1.0 - self.options.ema_alpha / len(self.requests)
-        hit = int(accepted > 0)
-        self.recent.setdefault(state.proposer, Rate()).observe(hit, 1, decay)
-        if state.evidence:
-            self.recent_by_evidence.setdefault((state.proposer, state.evidence), Rate()).observe(hit, 1, decay)
+        self.recent.setdefault(state.proposer, Acceptance()).observe(drafted, accepted, state.evidence, decay)
 
     def observe_round(self, seconds: float) -> None:
         """A request's round took `seconds` from one round's tokens to the next's. Beyond the

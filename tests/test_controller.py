@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdec.config import AdaptiveOptions
-from specdec.controller import Controller, ForwardCost, Rate, token_values
+from specdec.controller import Acceptance, Controller, ForwardCost, Rate, token_values
 
 ROWS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -202,7 +202,7 @@ def test_a_request_without_drafts_probes_now_and_then():
     ctl = controller(probe_every=4)
     ctl.start("a", "ngram", 8)
     settle(ctl, ["a"], acceptance=0.0)
-    ctl.recent["ngram"] = Rate(30.0, 100.0)  # other requests' prompt lookups do get accepted
+    ctl.recent["ngram"] = Acceptance(first=Rate(30.0, 100.0))  # other requests' prompt lookups do get accepted
     ks = [ctl.choose_k("a", 8) for _ in range(8)]
     assert ks.count(1) == 2 and ks.count(0) == 6
 
@@ -217,7 +217,7 @@ def test_a_draft_model_probe_pays_for_its_draft_forward():
         ctl = Controller(AdaptiveOptions(probe_every=4), target=cpu_like_cost(), draft=draft)
         ctl.start("a", proposer, 8)
         settle(ctl, ["a"], acceptance=0.0)
-        ctl.recent[proposer] = Rate(rate, 100.0)
+        ctl.recent[proposer] = Acceptance(first=Rate(rate, 100.0))
         probes[proposer, rate] = [ctl.choose_k("a", 8) for _ in range(8)].count(1)
     assert probes == {("ngram", 10.0): 2, ("draft_model", 10.0): 0, ("draft_model", 60.0): 2}
 
@@ -306,6 +306,20 @@ def test_a_strong_match_drafts_long_and_a_weak_one_little_under_load():
         chosen[blind] = {e: np.mean(ks[-400:]) for e, ks in by_evidence.items()}
     assert chosen[False][4] >= 4 and chosen[False][1] <= 1, chosen
     assert throughput[False] >= 1.05 * throughput[True], throughput
+
+
+def test_next_tokens_are_counted_by_evidence_too():
+    """After a strong match the request's copies ran to the end of their drafts; after a weak one
+    only their first tokens were accepted: each evidence gets its own next-token rate, and the
+    draft after a weak match stops at its first token."""
+    ctl = controller(cpu_like_cost())
+    ctl.start("a", "ngram", 8)
+    for _ in range(100):
+        for evidence, accepted in ((4, 8), (1, 1)):
+            ctl.choose_k("a", 8, evidence)  # (the round's evidence, which observe() counts by)
+            ctl.observe("a", 8, accepted)
+    assert ctl.choose_k("a", 8, evidence=4) == 8 and ctl.rates("a")[1] > 0.9
+    assert ctl.choose_k("a", 8, evidence=1) == 1 and ctl.rates("a")[1] < 0.1
 
 
 def test_nothing_to_draft_is_no_draft():

@@ -165,7 +165,7 @@ def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft
     assert tokens == run_all(svc, [request(prompt, max_tokens=24, k=0, proposer="none")])[0]
     assert drafts[0] == 0 and any(drafts[1:]), drafts
     # the controller heard how long each draft's match was
-    assert {proposer for proposer, _ in svc.controller.recent_by_evidence} == {"ngram"}
+    assert {proposer for proposer, recent in svc.controller.recent.items() if recent.first_by_evidence} == {"ngram"}
 
 
 def test_guesses_lead_drafts_where_lookup_matches_little_and_greedy_stays_exact(
@@ -188,7 +188,7 @@ def test_guesses_lead_drafts_where_lookup_matches_little_and_greedy_stays_exact(
     for k in (1, 3, 8):
         assert run_all(svc, [request(p, k=k) for p in PROMPTS]) == baseline, f"k={k}"
     assert len(names) == 1 and "return_next_guess" in next(iter(names))
-    assert any(asked) and ("ngram", GUESSED) in svc.controller.recent_by_evidence  # drafts led by a guess
+    assert any(asked) and GUESSED in svc.controller.recent["ngram"].first_by_evidence  # drafts led by a guess
 
 
 def test_caches_are_released_when_requests_end(service):
