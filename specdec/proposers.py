@@ -71,9 +71,10 @@ class NgramProposer:
         if not n:
             return NO_MATCH
         if len(ranked) and len(starts) > 1:
+            following = tokens[starts]
             rank = np.full(len(starts), len(ranked))
-            for i, token in enumerate(ranked[::-1]):
-                rank[tokens[starts] == token] = len(ranked) - 1 - i
+            for i in reversed(range(len(ranked))):  # the best rank written last
+                rank[following == ranked[i]] = i
             starts = starts[rank == rank.min()]
         if resume is not None and (later := starts[starts >= resume]).size:
             return Lookup(int(later[0]), n)
