@@ -219,8 +219,9 @@ class NgramOptions(_Strict):
     )
     guess_margin: Annotated[float, Field(ge=0)] = Field(
         GUESS_MARGIN,
-        description="where lookup matches one token, its copy keeps the lead over the guess if the head "
-        "scores the copy's next token within this many logits of its guess",
+        description="how far (in logits) below its guess the guess head still finds a token plausible: "
+        "lookup prefers matches that go on with a plausible token, and a one-token match keeps the lead over "
+        "the guess where its next token is plausible",
     )
 
     @model_validator(mode="after")
