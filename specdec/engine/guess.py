@@ -11,8 +11,9 @@ time, and a one-token draft costs a twentieth of a step to verify on the bf16 CP
     guess = argmax over candidates c of z . e(c)
 
 Beside the guess it names the other candidates scored within `margin` of it (at most
-MAX_GUESSES - 1 of them, best first): the tokens it finds plausible. Where lookup matches one
-token, its copy keeps the lead if the copy's next token is among them (specdec/proposers.py).
+MAX_GUESSES - 1 of them, best first): the tokens it finds plausible. Prompt lookup drafts from
+the match whose next token ranks best among them, and where it matches one token its copy keeps
+the lead if the copy's next token is among them (specdec/proposers.py).
 
 The candidates are the tokens the model writes most (the file's `candidates`: 1024) and the
 sequence's own tokens: scoring the whole vocabulary would read the 49152 x 576 table, a fifth of
