@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specdec.engine.ops import CpuBf16Ops
+from specdec.engine.ops import BF16_OPS, CpuBf16Ops, bf16_unsupported
 
 TINY = {
     "hidden_size": 64,
@@ -163,9 +163,18 @@ def variant_server(base, smollm_dir: Path, name: str, draft_layers: int = 4, **u
         yield srv
 
 
-# Only CPUs with AMX pick bf16 by themselves (dtype auto); on others these tests cannot run.
-_BF16_UNAVAILABLE = CpuBf16Ops.unsupported()
+# Only CPUs with AMX or AVX-512 BF16 run a bf16 engine (and pick it for dtype auto); on others
+# these tests cannot run.
+_BF16_UNAVAILABLE = bf16_unsupported()
 needs_bf16 = pytest.mark.skipif(_BF16_UNAVAILABLE is not None, reason=f"bf16 engine: {_BF16_UNAVAILABLE}")
+needs_amx = pytest.mark.skipif(CpuBf16Ops.unsupported() is not None, reason=f"AMX: {CpuBf16Ops.unsupported()}")
+# Each CPU engine with bf16 products, as a test parameter: skipped on a CPU that cannot run it.
+BF16_OPS_PARAMS = [
+    pytest.param(
+        ops, id=ops.__name__, marks=pytest.mark.skipif(ops.unsupported() is not None, reason=str(ops.unsupported()))
+    )
+    for ops in BF16_OPS
+]
 
 
 def with_dtype(profile, dtype: str) -> dict:

@@ -8,12 +8,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, needs_bf16, write_guess_head
+from conftest import BF16_OPS_PARAMS, TINY, needs_bf16, write_guess_head
 from safetensors.torch import save_file
 
 from specdec.build.guess_head import TrainOptions, examples, fit
 from specdec.engine.engine import Engine, GenerationRequest, RequestError
 from specdec.engine.guess import MAX_GUESSES
+from specdec.engine.ops import BF16_OPS
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +57,22 @@ def test_the_guesses_are_the_best_scoring_candidate_and_those_within_the_margin(
     assert plain.next_guesses == []  # not asked for
 
 
-@needs_bf16
-def test_the_compiled_head_guesses_what_the_head_through_the_ops_guesses(tiny_target, head_file):
-    """The bf16 engine's one-call kernel (amx.guess_head) against the same head step by step
+@pytest.fixture(params=BF16_OPS_PARAMS)
+def bf16_ops(request, monkeypatch):
+    """Each bf16 CPU engine this CPU runs, as dtype bfloat16's choice (the ones before it refused)."""
+    for faster in BF16_OPS[: BF16_OPS.index(request.param)]:
+        monkeypatch.setattr(faster, "unsupported", staticmethod(lambda: "not this test's"))
+    return request.param
+
+
+def test_the_compiled_head_guesses_what_the_head_through_the_ops_guesses(tiny_target, head_file, bf16_ops):
+    """The bf16 engines' one-call kernel (compiled_guesses) against the same head step by step
     through the ops, on random states: the frequent candidates and the contexts' own tokens
     both win some of them, and some have plausible tokens besides the guess."""
     engine = Engine(
         tiny_target, dtype="bfloat16", kv_slots=1, max_seq_len=64, guess_head=head_file[0], guess_margin=2.0
     )
+    assert type(engine.model.ops) is bf16_ops
     head = engine.guess_head
     assert head.kernel is not None
     g = torch.Generator().manual_seed(0)
@@ -88,12 +97,12 @@ def test_warmup_compiles_the_guess_kernel(tiny_target, head_file):
     after warmup() alone, in a fresh process, the kernel has its compiled signature."""
     script = (
         "import sys\n"
-        "from specdec.engine import amx\n"
+        "from specdec.engine.guess import compiled_guesses\n"
         "from specdec.engine.engine import Engine\n"
         "engine = Engine(sys.argv[1], dtype='bfloat16', kv_slots=1, max_seq_len=64, guess_head=sys.argv[2])\n"
-        "assert not amx.guess_head.signatures\n"
+        "assert not compiled_guesses.signatures\n"
         "engine.warmup()\n"
-        "assert amx.guess_head.signatures\n"
+        "assert compiled_guesses.signatures\n"
     )
     subprocess.run([sys.executable, "-c", script, str(tiny_target), str(head_file[0])], check=True)
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import needs_bf16, write_tiny_llama
+from conftest import BF16_OPS_PARAMS, needs_amx, write_tiny_llama
 
 from specdec.engine import amx, kernels
 from specdec.engine.model import Llama, resolve_dtype
-from specdec.engine.ops import CpuBf16Ops, CpuOps, TorchOps
+from specdec.engine.ops import CpuAvx512Bf16Ops, CpuBf16Ops, CpuOps, TorchOps
 
 
 @pytest.fixture(scope="module")
@@ -140,11 +140,11 @@ def test_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_di
     np.testing.assert_allclose(together, want.reshape(len(q), -1), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bf16)])
-def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target, dtype):
+@pytest.mark.parametrize("ops", [CpuOps, *BF16_OPS_PARAMS])
+def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target, ops):
     """Prefill + a k-row verification in one call, mixed with another sequence, gives the same
     logits as decoding each token alone: the property greedy exactness stands on."""
-    model = Llama(tiny_target, dtype=dtype)
+    model = Llama(tiny_target, ops=ops())
     tokens = torch.randint(0, 96, (45,), generator=torch.Generator().manual_seed(0))  # past a tile of keys
     n = len(tokens)
 
@@ -182,11 +182,11 @@ def test_cpu_kernels_agree_with_the_torch_implementation(tiny_target):
 
 
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (40, 50)])  # SmolLM2's q/k/v and down; padded
-@needs_bf16
-def test_bf16_products_rows_are_bitwise_independent_of_the_batch(n, k):
-    """CpuBf16Ops's AMX products: each row the same bits whatever shares its tiles, and the
-    float32 sums of the bf16-rounded terms (here a shape that fills no tile, too)."""
-    ops = CpuBf16Ops()
+@pytest.mark.parametrize("bf16_ops", BF16_OPS_PARAMS)
+def test_bf16_products_rows_are_bitwise_independent_of_the_batch(n, k, bf16_ops):
+    """The bf16 products (AMX tiles; AVX-512 BF16 pairs): each row the same bits whatever shares
+    its tiles, and the float32 sums of the bf16-rounded terms (a shape that fills no tile, too)."""
+    ops = bf16_ops()
     g = torch.Generator().manual_seed(0)
     matrix = torch.randn(n, k, generator=g) / k**0.5
     w = ops.weight(matrix)
@@ -203,7 +203,7 @@ def _bf16(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("head_dim", [16, 48, 64, 128])  # keys padded to 32; 1, 3, 4 and 2 x 4 value tiles
-@needs_bf16
+@needs_amx
 def test_amx_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_dim):
     """amx.attention over a cache amx.rope_store wrote (positions never written hold NaNs): a
     prefill, a verification and a decode row in one call, each row the same bits as alone, and
@@ -248,30 +248,33 @@ def test_amx_attention_rows_are_bitwise_independent_of_the_batch_and_correct(hea
 
 
 def test_bf16_on_a_cpu_without_amx(tiny_target, monkeypatch):
-    """Where there are no AMX tiles (or Linux refuses them), dtype auto picks float32 and an
-    explicit bfloat16 is refused with a message naming the setting, not a SIGILL at the first
-    tile instruction."""
-    reason = "dtype bfloat16 on this CPU: no AMX bf16 tiles"
-    monkeypatch.setattr(CpuBf16Ops, "unsupported", staticmethod(lambda: reason))
+    """Without AMX tiles (or Linux's permission) bfloat16 takes AVX-512 BF16's dot products; with
+    neither, dtype auto picks float32 and an explicit bfloat16 is refused with a message naming
+    the setting, not a SIGILL at the first instruction the CPU lacks."""
+    monkeypatch.setattr(CpuBf16Ops, "unsupported", staticmethod(lambda: "no AMX bf16 tiles"))
+    if kernels.AVX512_BF16:
+        assert resolve_dtype("auto", "cpu") == "bfloat16"
+        assert type(Llama(tiny_target, dtype="auto").ops) is CpuAvx512Bf16Ops
+    monkeypatch.setattr(CpuAvx512Bf16Ops, "unsupported", staticmethod(lambda: "no AVX-512 BF16"))
     assert resolve_dtype("auto", "cpu") == "float32"
-    assert isinstance(Llama(tiny_target, dtype="auto").ops, CpuOps)
-    with pytest.raises(RuntimeError, match=f"{reason}; use dtype float32"):
+    assert type(Llama(tiny_target, dtype="auto").ops) is CpuOps
+    reason = "dtype bfloat16 on this CPU: no AMX bf16 tiles, no AVX-512 BF16; use dtype float32"
+    with pytest.raises(RuntimeError, match=reason):
         Llama(tiny_target, dtype="bfloat16")
 
 
 @pytest.mark.parametrize("padded", [False, True])
-@needs_bf16
-def test_bf16_forward_is_close_to_float32(tiny_target, tmp_path, padded):
-    """CpuBf16Ops rounds weights and projection inputs to bf16 (8 bits of mantissa) and keeps the
-    rest in float32: its logits stay within bf16's error of the float32 forward's, and a row's
+@pytest.mark.parametrize("bf16_ops", BF16_OPS_PARAMS)
+def test_bf16_forward_is_close_to_float32(tiny_target, tmp_path, padded, bf16_ops):
+    """The bf16 ops round weights and projection inputs to bf16 (8 bits of mantissa) and keep the
+    rest in float32: the logits stay within bf16's error of the float32 forward's, and a row's
     are the same bits in a prefill, a verification or a step. padded: widths that fill no tile
     (hidden 40, MLP 72), whose padding amx.decoder_layers must leave out of the residual stream."""
     model_dir = tiny_target
     if padded:
         model_dir = write_tiny_llama(tmp_path / "padded", hidden_size=40, intermediate_size=72,
                                      num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
-    bf16 = Llama(model_dir, dtype="bfloat16")
-    assert isinstance(bf16.ops, CpuBf16Ops)
+    bf16 = Llama(model_dir, ops=bf16_ops())
     a, b = _prompt_logits(bf16), _prompt_logits(Llama(model_dir, ops=TorchOps()))
     assert not torch.equal(a, b)  # it did compute in bf16
     assert (a - b).abs().max() < 0.03 * b.abs().max()

@@ -37,7 +37,10 @@ from numba.extending import intrinsic
 
 from specdec.engine.kernels import (
     _FAST,
+    PARALLEL_ROWS,
+    _row_bf16,
     _row_blocks,
+    bf16,
     qkv_offsets,
     rmsnorm,
     rotate_queries,
@@ -194,37 +197,6 @@ def _dot(typingctx, c, a, b):
     return types.void(c, a, b), codegen
 
 
-@intrinsic
-def _bf16(typingctx, x):
-    """float32 -> bf16 bits (int16), rounded to nearest, ties to even (NaNs not kept apart: none
-    reach it from a finite model), in instructions LLVM vectorizes."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        bits = builder.bitcast(args[0], i32)
-        odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
-        rounded = builder.add(bits, builder.add(odd, ir.Constant(i32, 0x7FFF)))
-        return builder.trunc(builder.lshr(rounded, ir.Constant(i32, 16)), ir.IntType(16))
-
-    return types.int16(types.float32), codegen
-
-
-@intrinsic
-def _float32(typingctx, bits):
-    """bf16 bits (int16) -> float32: the bits as a float32's upper half."""
-    if bits != types.int16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        upper = builder.shl(builder.zext(args[0], i32), ir.Constant(i32, 16))
-        return builder.bitcast(upper, ir.FloatType())
-
-    return types.float32(types.int16), codegen
-
-
 @njit(inline="always")
 def _zero_from(row, start):  # pragma: no cover - compiled
     """row[start:] = 0, as a loop (numba's slice assignment took 20 us for nothing to assign)."""
@@ -263,12 +235,12 @@ def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys
             base = k_off + g * head_dim
             for i in range(half):
                 lo, hi = rotated(qkv[m, base + i], qkv[m, base + half + i], cos[pos, i], sin[pos, i])
-                key[i // 2, lane, i % 2] = _bf16(lo)
-                key[(half + i) // 2, lane, (half + i) % 2] = _bf16(hi)
+                key[i // 2, lane, i % 2] = bf16(lo)
+                key[(half + i) // 2, lane, (half + i) % 2] = bf16(hi)
             for i in range(head_dim, 2 * key.shape[0]):
                 key[i // 2, lane, i % 2] = 0
             for i in range(head_dim):
-                values[s, g, pos // 2, i, pos % 2] = _bf16(qkv[m, v_off + g * head_dim + i])
+                values[s, g, pos // 2, i, pos % 2] = bf16(qkv[m, v_off + g * head_dim + i])
 
 
 @njit(parallel=True, fastmath=_FAST, cache=True)
@@ -295,7 +267,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
         _zero_rows_from(x, n_q)
         for r in range(n_q):
             for d in range(head_dim):
-                x[r, d] = _bf16(q[m0 + r // group, g * group + r % group, d] * scale)
+                x[r, d] = bf16(q[m0 + r // group, g * group + r % group, d] * scale)
             _zero_from(x[r], head_dim)
         key_blocks = -(-length // KEY_BLOCK)
         value_blocks = -(-length // VALUE_BLOCK)
@@ -317,7 +289,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
             own = positions[m0 + r // group] + 1
             inv[r] = np.float32(1.0) / softmax_numerators(scores[r], own)
             for t in range(own):
-                p[r, t] = _bf16(scores[r, t])
+                p[r, t] = bf16(scores[r, t])
             _zero_from(p[r], own)
         # the last block's positions from `length` on may hold anything (NaN times 0 is NaN):
         # it goes through a copy with zeros there
@@ -381,14 +353,10 @@ def pack_weight(w) -> np.ndarray:
     return np.ascontiguousarray(tiles.transpose(0, 3, 1, 4, 2, 5))
 
 
-PARALLEL_ROWS = 64  # rows from which matmul converts its input on all threads
-
-
 @njit(inline="always")
 def _to_bf16(row, out):  # pragma: no cover - compiled
     """out = row in bf16, zeros past its end."""
-    for k in range(len(row)):
-        out[k] = _bf16(row[k])
+    _row_bf16(row, out)
     _zero_from(out, len(row))
 
 
@@ -444,64 +412,6 @@ def _add_rows(x, padded):  # pragma: no cover - compiled
     for m in prange(x.shape[0]):
         for d in range(x.shape[1]):
             x[m, d] += padded[m, d]
-
-
-@njit(fastmath=_FAST, cache=True)
-def guess_head(hidden, tokens, fc1, b1, fc2, b2, candidate_rows, candidates, is_candidate, table, margin, contexts,
-               offsets, guesses):  # pragma: no cover - compiled  # fmt: skip
-    """GuessHead.guesses (specdec/engine/guess.py) in one compiled call: from Python its dozen
-    small steps cost ~0.1 ms each right after a forward, 0.8 ms a call. hidden (B, H) float32,
-    tokens (B,); fc1, fc2, candidate_rows pack_weight's tiles; b1, b2 float32; table (V, H) the
-    bf16 embedding (int16 bits); contexts each sequence's tokens, one after another, the b-th from
-    offsets[b] to offsets[b + 1]. Row b of guesses (B, MAX_GUESSES) gets the b-th guess and the
-    tokens within margin of its score, best first, then -1s."""
-    batch, size = hidden.shape
-    padded = -(-batch // ROWS) * ROWS
-    x = np.empty((batch, 2 * size), dtype=np.float32)  # [h; e(token)]
-    for b in range(batch):
-        for d in range(size):
-            x[b, d] = hidden[b, d]
-            x[b, size + d] = _float32(table[tokens[b], d])
-    a = np.empty((padded, fc1.shape[0] * GROUP * 16), dtype=np.float32)
-    matmul(x, fc1, a)
-    for b in range(batch):
-        for d in range(len(b1)):  # the columns past them are products with padding: zeros
-            v = a[b, d] + b1[d]
-            a[b, d] = v / (np.float32(1.0) + np.exp(-v))
-    z = np.empty((padded, fc2.shape[0] * GROUP * 16), dtype=np.float32)
-    matmul(a[:batch], fc2, z)
-    for b in range(batch):
-        for d in range(size):
-            z[b, d] += x[b, d] + b2[d]
-    scores = np.empty((padded, candidate_rows.shape[0] * GROUP * 16), dtype=np.float32)
-    matmul(z[:batch], candidate_rows, scores)
-    row = np.empty(size, dtype=np.float32)
-    for b in range(batch):
-        own = np.unique(contexts[offsets[b] : offsets[b + 1]])
-        ids = np.empty(len(candidates) + len(own), dtype=np.int64)  # candidates, then own tokens
-        values = np.empty(len(ids), dtype=np.float32)
-        n = len(candidates)
-        ids[:n] = candidates
-        values[:n] = scores[b, :n]
-        for t in own:
-            if is_candidate[t]:
-                continue
-            for d in range(size):
-                row[d] = _float32(table[t, d])
-            score = np.float32(0.0)
-            for d in range(size):
-                score += row[d] * z[b, d]
-            ids[n], values[n] = t, score
-            n += 1
-        best = 0
-        for i in range(1, n):
-            if values[i] > values[best]:
-                best = i
-        near = np.flatnonzero(values[:n] >= values[best] - margin)  # (sorting all took 0.03 ms)
-        order = near[np.argsort(-values[near], kind="mergesort")]  # stable: a tie goes to the first
-        guesses[b, :] = -1
-        for i in range(min(len(order), guesses.shape[1])):
-            guesses[b, i] = ids[order[i]]
 
 
 @njit(cache=True)

@@ -21,15 +21,16 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from llvmlite.binding import get_host_cpu_features
+from llvmlite.binding import get_host_cpu_features, initialize_native_asmparser
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 _FAST = {"reassoc", "contract"}
 # The matmul block's shape by register file (the results do not depend on it: every output is
 # the same in-order sum): AVX-512 has 32 registers of 16 floats, AVX2 16 of 8.
 _AVX512 = bool(get_host_cpu_features().get("avx512f"))
+AVX512_BF16 = _AVX512 and bool(get_host_cpu_features().get("avx512bf16"))  # vdpbf16ps: pack_bf16_weight
 LANES = 16 if _AVX512 else 8  # float32 lanes of a vector register
 TILE = 2 * LANES  # output features a matmul tile computes together
 _BLOCK = 8 if _AVX512 else 4  # rows a block takes at most: 3 x _BLOCK + 2 registers in use
@@ -91,12 +92,14 @@ def _exp(x):  # pragma: no cover - compiled
     return p * _pow2(np.int32(min(max(np.int32(n), np.int32(-126)), np.int32(127))))
 
 
-def _emit_block(builder, fma, x_rows, k_dim, w_data, w_stride, out_rows, accumulate, halves: int) -> None:
+def _emit_block(builder, madd, element, x_rows, k_dim, w_data, w_stride, out_rows, accumulate, halves: int) -> None:
     """LLVM IR for out_rows[r][: halves * LANES] (+)= sum over k < k_dim of x_rows[r][k] * w[k]
-    for each row r, with w[k] the halves vectors at w_data + k * w_stride; each step of k also
-    prefetches w[k + PREFETCH_STEPS] (read, keep in L2, data)."""
+    for each row r, with w[k] the halves vectors of `element` (float32, or int32: pairs of bf16)
+    at w_data + k * w_stride, each term added by madd(builder, x[k] broadcast, w[k], sums); each
+    step of k also prefetches w[k + PREFETCH_STEPS] (read, keep in L2, data)."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
-    vec = fma.function_type.return_type
+    vec = ir.VectorType(ir.FloatType(), LANES)
+    w_type = ir.VectorType(element, LANES)
     byte_ptr = ir.IntType(8).as_pointer()
     prefetch = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]), "llvm.prefetch.p0"
@@ -118,16 +121,16 @@ def _emit_block(builder, fma, x_rows, k_dim, w_data, w_stride, out_rows, accumul
     for line in range(0, halves * LANES, _LINE_FLOATS):  # a prefetch never faults, even past the end
         address = builder.bitcast(builder.gep(ahead, [const(line)]), prefetch.args[0].type)
         builder.call(prefetch, [address, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
-    w_vec = [builder.load(builder.bitcast(builder.gep(w_row, [const(h * LANES)]), vec.as_pointer()), align=4)
+    w_vec = [builder.load(builder.bitcast(builder.gep(w_row, [const(h * LANES)]), w_type.as_pointer()), align=4)
              for h in range(halves)]  # fmt: skip
     summed = []
     for r, x_row in enumerate(x_rows):
-        one = builder.insert_element(ir.Constant(vec, ir.Undefined), builder.load(builder.gep(x_row, [k])),
+        one = builder.insert_element(ir.Constant(w_type, ir.Undefined), builder.load(builder.gep(x_row, [k])),
                                      ir.Constant(i32, 0))  # fmt: skip
         x_vec = builder.shuffle_vector(
-            one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+            one, ir.Constant(w_type, ir.Undefined), ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
         )
-        summed += [builder.call(fma, [x_vec, w_vec[h], acc[r * halves + h]]) for h in range(halves)]
+        summed += [madd(builder, x_vec, w_vec[h], acc[r * halves + h]) for h in range(halves)]
     k_next = builder.add(k, const(1))
     k.add_incoming(const(0), entry)
     k.add_incoming(k_next, loop)
@@ -150,6 +153,22 @@ def _emit_block(builder, fma, x_rows, k_dim, w_data, w_stride, out_rows, accumul
         builder.store(builder.select(accumulate, added, total), ptr, align=4)
 
 
+def _fma(builder, x_vec, w_vec, sums):
+    vec = sums.type
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{LANES}f32")
+    return builder.call(fma, [x_vec, w_vec, sums])
+
+
+initialize_native_asmparser()  # numba's JIT assembles _bf16_dot's inline assembly
+
+
+def _bf16_dot(builder, x_vec, w_vec, sums):
+    """sums[i] += x[2i] * w[2i] + x[2i + 1] * w[2i + 1] over bf16 pairs (vdpbf16ps, as inline
+    assembly: llvmlite has no bfloat type to declare LLVM's intrinsic with)."""
+    signature = ir.FunctionType(sums.type, [sums.type, x_vec.type, w_vec.type])
+    return builder.asm(signature, "vdpbf16ps $3, $2, $0", "=v,0,v,v", [sums, x_vec, w_vec], False)
+
+
 @intrinsic
 def _block(typingctx, x, m0, rows, k_dim, w, w_col, out, out_col, accumulate):
     """out[m0 + r, out_col : out_col + n] (+)= sum over k < k_dim of x[m0 + r, k] * w[k, w_col :
@@ -158,9 +177,15 @@ def _block(typingctx, x, m0, rows, k_dim, w, w_col, out, out_col, accumulate):
     Written in LLVM IR because numba cannot keep vector accumulators in registers: for each k,
     the n-wide row of w is loaded once and, for each of the rows, x[m, k] broadcast and
     fused-multiply-added into that row's accumulators (llvm.fma: one rounding), in order of k.
-    One block of code per row count and width, chosen by a switch."""
+    One block of code per row count and width, chosen by a switch.
+
+    x and w of int32 are pairs of bf16 (bf16_pairs, pack_bf16_weight), k counting pairs: each
+    step adds both products of a pair by one AVX-512 BF16 vdpbf16ps."""
     if any(a.layout != "C" or a.ndim != 2 for a in (x, w, out)):
         return None  # the code below steps through rows by their length: 2-D C-contiguous only
+    pairs = x.dtype == w.dtype == types.int32
+    if not (pairs or x.dtype == w.dtype == types.float32):
+        return None
 
     def codegen(context, builder, signature, args):
         x_arr, w_arr, out_arr = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 4, 6))
@@ -168,8 +193,7 @@ def _block(typingctx, x, m0, rows, k_dim, w, w_col, out, out_col, accumulate):
         m0_v, rows_v, k_dim_v, w_col_v, out_col_v = (
             args[i] if args[i].type == i64 else builder.sext(args[i], i64) for i in (1, 2, 3, 5, 7)
         )
-        vec = ir.VectorType(ir.FloatType(), LANES)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{LANES}f32")
+        element, madd = (ir.IntType(32), _bf16_dot) if pairs else (ir.FloatType(), _fma)
 
         def row_stride(arr):
             return builder.extract_value(arr.shape, 1)
@@ -192,7 +216,7 @@ def _block(typingctx, x, m0, rows, k_dim, w, w_col, out, out_col, accumulate):
                 builder.position_at_end(case)
                 x_rows = [row(x_arr, ir.Constant(i64, 0), r) for r in range(rows)]
                 out_rows = [row(out_arr, out_col_v, r) for r in range(rows)]
-                _emit_block(builder, fma, x_rows, k_dim_v, w_data, w_width, out_rows, args[8], halves)
+                _emit_block(builder, madd, element, x_rows, k_dim_v, w_data, w_width, out_rows, args[8], halves)
                 builder.branch(after)
         builder.position_at_end(after)
         return context.get_dummy_value()
@@ -208,10 +232,63 @@ def _product(x, rows, k_dim, w, w_col, out, out_col, accumulate):  # pragma: no 
         _block(x, m, min(_BLOCK, rows - m), k_dim, w, w_col, out, out_col, accumulate)
 
 
+@intrinsic
+def bf16(typingctx, x):
+    """float32 -> bf16 bits (int16), rounded to nearest, ties to even (NaNs not kept apart: none
+    reach it from a finite model), in instructions LLVM vectorizes."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        rounded = builder.add(bits, builder.add(odd, ir.Constant(i32, 0x7FFF)))
+        return builder.trunc(builder.lshr(rounded, ir.Constant(i32, 16)), ir.IntType(16))
+
+    return types.int16(types.float32), codegen
+
+
+PARALLEL_ROWS = 64  # rows from which bf16_pairs converts on all threads (starting them costs more below)
+
+
+@njit(inline="always")
+def _row_bf16(row, out):  # pragma: no cover - compiled
+    for k in range(len(row)):
+        out[k] = bf16(row[k])
+
+
+@njit(parallel=True, cache=True)
+def bf16_pairs(x):  # pragma: no cover - compiled
+    """(M, K) float32, K even -> (M, K / 2) int32: each row rounded to bf16 (bf16()), its
+    features 2j and 2j + 1 in the low and high half of element j (vdpbf16ps's pairs)."""
+    bits = np.empty(x.shape, dtype=np.int16)
+    if x.shape[0] < PARALLEL_ROWS:
+        for m in range(x.shape[0]):
+            _row_bf16(x[m], bits[m])
+    else:
+        for m in prange(x.shape[0]):
+            _row_bf16(x[m], bits[m])
+    return bits.view(np.int32)
+
+
+def _terms(x, w):
+    """x as matmul's products take it: itself, or with weights of bf16 pairs, bf16_pairs(x)."""
+
+
+@overload(_terms)
+def _terms_typed(x, w):
+    if w.dtype == types.int32:
+        return lambda x, w: bf16_pairs(x)
+    return lambda x, w: x
+
+
 @njit(parallel=True, cache=True)
 def matmul(x, w, out, accumulate):  # pragma: no cover - compiled
     """out (+)= x @ W.T, float32, W packed by pack_weight: x (M, K), w (ceil(N / TILE), K, TILE),
-    out (M, N).
+    out (M, N). With W packed by pack_bf16_weight (int32 pairs of bf16, AVX-512 BF16 CPUs): the
+    same with x's and W's terms rounded to bf16, each pair's two products added to the float32
+    sum by one vdpbf16ps, half the weight bytes and twice the products per instruction.
 
     Every out[m, n] is the sum over k, in order, of x[m, k] * W[n, k], each term fused into the
     running sum (one rounding): the same chain of operations whatever M is and wherever row m
@@ -222,14 +299,15 @@ def matmul(x, w, out, accumulate):  # pragma: no cover - compiled
     verification of seven drafts) reads each tile once. Parallel over tiles: each thread streams
     its tiles from memory once; all blocks of rows sweep a tile while it sits in L2.
     """
+    terms = _terms(x, w)
     n_out = out.shape[1]
     whole = n_out // TILE
     for t in prange(w.shape[0]):
         if t < whole:
-            _product(x, x.shape[0], x.shape[1], w[t], 0, out, t * TILE, accumulate)
+            _product(terms, x.shape[0], terms.shape[1], w[t], 0, out, t * TILE, accumulate)
         else:  # the last tile of an N that is no multiple of TILE, through a buffer
             part = np.empty((x.shape[0], TILE), dtype=np.float32)
-            _product(x, x.shape[0], x.shape[1], w[t], 0, part, 0, False)
+            _product(terms, x.shape[0], terms.shape[1], w[t], 0, part, 0, False)
             for m in range(x.shape[0]):
                 for j in range(n_out - t * TILE):
                     out[m, t * TILE + j] = out[m, t * TILE + j] + part[m, j] if accumulate else part[m, j]
@@ -240,9 +318,16 @@ def pack_weight(w: np.ndarray) -> np.ndarray:
     every k, contiguous in the order matmul reads them; a last partial tile is padded with zeros."""
     n_out, k_dim = w.shape
     tiles = -(-n_out // TILE)
-    padded = np.zeros((tiles * TILE, k_dim), dtype=np.float32)
+    padded = np.zeros((tiles * TILE, k_dim), dtype=w.dtype)
     padded[:n_out] = w
     return np.ascontiguousarray(padded.reshape(tiles, TILE, k_dim).transpose(0, 2, 1))
+
+
+def pack_bf16_weight(w: np.ndarray) -> np.ndarray:
+    """(N, K) float32, K even -> pack_weight of its bf16 pairs: (ceil(N / TILE), K / 2, TILE) int32."""
+    if w.shape[1] % 2:
+        raise ValueError(f"bf16 products on AVX-512 take pairs of features: a width of {w.shape[1]} is odd")
+    return pack_weight(bf16_pairs(np.ascontiguousarray(w, dtype=np.float32)))
 
 
 @njit(parallel=True, fastmath=_FAST, cache=True)

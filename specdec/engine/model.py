@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specdec.engine.ops import CpuBf16Ops, CpuOps, TorchOps, Weight
+from specdec.engine.ops import CpuOps, TorchOps, Weight, bf16_ops, bf16_unsupported
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -25,13 +25,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_dtype(dtype: str, device: str) -> str:
     """The profile's dtype, with "auto" made concrete: bfloat16 on CUDA and on a CPU with AMX
     bf16 tiles (CpuBf16Ops: a verification of 8 drafts costs ~1.1x a step, a prefill 0.4x
-    float32's), float32 on other CPUs (where bf16 products are slow, or their rows depend on
-    their batch, or there are none: CpuBf16Ops.unsupported())."""
+    float32's) or AVX-512 BF16 (CpuAvx512Bf16Ops: a step ~0.6x, a prefill ~0.4x float32's),
+    float32 on other CPUs (where bf16 products are slow, or their rows depend on their batch, or
+    there are none: ops.bf16_unsupported())."""
     if dtype != "auto":
         return dtype
     if torch.device(device).type == "cuda":
         return "bfloat16"
-    return "bfloat16" if CpuBf16Ops.unsupported() is None else "float32"
+    return "bfloat16" if bf16_unsupported() is None else "float32"
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Llama:
         self, model_dir: Path, device: str = "cpu", dtype: str = "float32", ops: CpuOps | TorchOps | None = None
     ):
         """ops: the implementation of the forward's operations; default: on CPU the numba
-        kernels (dtype bfloat16: with bf16 products, CpuBf16Ops), on CUDA torch."""
+        kernels (dtype bfloat16: with bf16 products, ops.bf16_ops()), on CUDA torch."""
         self.cfg = LlamaConfig.from_dir(model_dir)
         self.device = torch.device(device)
         dtype = resolve_dtype(dtype, device)
@@ -117,10 +118,8 @@ class Llama:
         if self.device.type == "cpu":
             if dtype == "float16":
                 raise ValueError("dtype: the CPU engine computes in float32 or with bfloat16 products, not float16")
-            if dtype == "bfloat16" and ops is None and (reason := CpuBf16Ops.unsupported()):
-                raise RuntimeError(f"{reason}; use dtype float32 (or auto)")
-            self.ops = ops or (CpuBf16Ops() if dtype == "bfloat16" else CpuOps())
-            self.dtype = torch.float32  # activations, norms and cache; CpuBf16Ops rounds its weights itself
+            self.ops = ops or (bf16_ops() if dtype == "bfloat16" else CpuOps())
+            self.dtype = torch.float32  # activations, norms and cache; the bf16 ops round their weights themselves
         else:
             self.ops = ops or TorchOps()
         self._load(Path(model_dir))

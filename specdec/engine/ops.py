@@ -3,6 +3,8 @@
 CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 only.
 CpuBf16Ops: the projections and attention as bf16 AMX tile products (amx.py) over a bf16 cache,
 the rest CpuOps's float32 kernels.
+CpuAvx512Bf16Ops: where there is no AMX, the projections as AVX-512 BF16 dot products, the rest
+(attention and its float32 cache too) CpuOps's.
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 decoder_layers() runs every decoder layer over the rows in place: TorchOps's is the layer
 written out, the CPU ops' the same steps compiled into one call (kernels.decoder_layers,
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.engine import amx, kernels
+from specdec.engine.guess import compiled_guesses
 
 if TYPE_CHECKING:
     from specdec.engine.model import KVCache, Layers, LlamaConfig
@@ -41,7 +44,7 @@ Weight = torch.Tensor | PackedWeight  # what ops.weight() makes of an (N, K) mat
 
 class CpuOps:
     cache_dtype: torch.dtype | None = None
-    guess_kernel = None  # GuessHead.guess compiled (amx.guess_head), or None: through these ops
+    guess_kernel = None  # GuessHead.guesses compiled (guess.compiled_guesses), or None: through these ops
     pack_weight = staticmethod(kernels.pack_weight)  # (N, K) -> the tiles of linear()'s kernel
     layers_kernel = staticmethod(kernels.decoder_layers)
 
@@ -170,15 +173,14 @@ class CpuBf16Ops(CpuOps):
 
     cache_dtype = torch.bfloat16
     cache_layout = staticmethod(amx.cache_shapes)
-    guess_kernel = staticmethod(amx.guess_head)
+    guess_kernel = staticmethod(compiled_guesses)
     pack_weight = staticmethod(amx.pack_weight)
     layers_kernel = staticmethod(amx.decoder_layers)
 
     @staticmethod
     def unsupported() -> str | None:
-        """Why this CPU (or OS) cannot run the bf16 engine, or None (amx.py asked when imported)."""
-        reason = amx.unavailable()
-        return f"dtype bfloat16 on this CPU: {reason}" if reason else None
+        """Why this CPU (or OS) cannot run it, or None (amx.py asked when imported)."""
+        return amx.unavailable()
 
     def weight(self, w: torch.Tensor) -> PackedWeight:
         return super().weight(w.to(torch.bfloat16))
@@ -193,6 +195,43 @@ class CpuBf16Ops(CpuOps):
 
     def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return table.index_select(0, tokens).float()  # 0.03 ms for 200 rows, advanced indexing 0.08
+
+
+class CpuAvx512Bf16Ops(CpuOps):
+    """CPU without AMX but with AVX-512 BF16 (AMD Zen 4, Intel Cooper Lake): CpuOps with every
+    projection's product in bf16 terms summed in float32 (kernels.matmul over pack_bf16_weight's
+    pairs, one vdpbf16ps a pair), the rest float32, the cache too. Half the weight bytes a step
+    reads, twice the products an instruction: on a 2-core Zen 4 a 350-token prefill ~2.5x
+    faster than float32's FMAs, and the same per-row invariance."""
+
+    guess_kernel = staticmethod(compiled_guesses)
+    pack_weight = staticmethod(kernels.pack_bf16_weight)
+
+    @staticmethod
+    def unsupported() -> str | None:
+        return None if kernels.AVX512_BF16 else "no AVX-512 BF16"
+
+    # the table as a bf16 copy, rows looked up as CpuBf16Ops does (from a tied lm_head's pairs,
+    # gathered across its tiles, 0.14 ms a call)
+    embedding_table = CpuBf16Ops.embedding_table
+    embedding = CpuBf16Ops.embedding
+
+
+BF16_OPS = (CpuBf16Ops, CpuAvx512Bf16Ops)  # the CPU engines with bf16 products, fastest first
+
+
+def bf16_unsupported() -> str | None:
+    """Why this CPU runs none of BF16_OPS, or None."""
+    reasons = [ops.unsupported() for ops in BF16_OPS]
+    return None if None in reasons else f"dtype bfloat16 on this CPU: {', '.join(reasons)}"
+
+
+def bf16_ops() -> CpuOps:
+    """The first of BF16_OPS this CPU runs."""
+    for ops in BF16_OPS:
+        if ops.unsupported() is None:
+            return ops()
+    raise RuntimeError(f"{bf16_unsupported()}; use dtype float32 (or auto)")
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
