@@ -57,7 +57,7 @@ class PytorchEngine(_Strict):
 
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "float32", description="auto: bfloat16 on CUDA and on CPUs with AMX bf16 tiles, else float32"
+        "float32", description="auto: bfloat16 on CUDA and on CPUs with AMX bf16 tiles or AVX-512 BF16, else float32"
     )
     max_batch_size: Annotated[int, Field(ge=1, le=256)] = 16
     max_seq_len: Annotated[int, Field(ge=16, le=131072)] = 2048

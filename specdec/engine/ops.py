@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class PackedWeight(NamedTuple):
-    tiles: torch.Tensor  # the (N, K) matrix (or each of a stack) packed: kernels.pack_weight (amx.pack_weight in bf16)
+    tiles: torch.Tensor  # the (N, K) matrix (or each of a stack) packed by the ops' pack_weight
     rows: int  # N
 
     @property
