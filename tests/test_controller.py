@@ -116,6 +116,16 @@ def test_forward_cost_interpolates_extrapolates_and_tracks_observations():
     assert before < cost.time(4) < 1.1 * before
 
 
+def test_forward_cost_looks_up_whole_rows_as_it_interpolates_them():
+    cost = staircase_cost()
+    cost.observe(8, 0.03)
+    rows = np.arange(0, 60)  # past the table's 2 x 17: extrapolated
+    looked_up = cost.times(rows)
+    assert np.array_equal(looked_up, cost.scale * cost._interpolated(rows))
+    assert [cost.time(int(r)) for r in rows] == pytest.approx(looked_up, rel=1e-12)
+    assert cost.time(9.5) == pytest.approx((cost.time(9) + cost.time(10)) / 2)
+
+
 def test_slow_forwards_of_few_rows_leave_extra_rows_their_cost(tmp_path):
     """In service a lone call's forward runs beside the server's other work, often three times
     slower than calibrated, while full batches run near their time: an extra row must still cost

@@ -130,6 +130,9 @@ def test_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_di
     alone = np.concatenate([_attention(q[i : i + 1], keys, values, slots[i : i + 1], positions[i : i + 1])
                             for i in range(len(q))])  # fmt: skip
     assert np.array_equal(together, alone)
+    verification = slice(70, 79)  # alone in a call, its run splits in two blocks
+    assert np.array_equal(_attention(q[verification], keys, values, slots[verification], positions[verification]),
+                          together[verification])  # fmt: skip
     want = np.empty((len(q), n_heads, head_dim))
     for m, (s, pos) in enumerate(zip(slots, positions, strict=True)):
         for h in range(n_heads):
@@ -138,6 +141,13 @@ def test_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_di
             p = np.exp(scores - scores.max())
             want[m, h] = p / p.sum() @ values[s, kv, : pos + 1]
     np.testing.assert_allclose(together, want.reshape(len(q), -1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ops", [CpuOps, *BF16_OPS_PARAMS])
+def test_a_new_cache_is_zeros(tiny_target, ops):
+    """Positions never written hold no NaN for a product to multiply by a probability of 0."""
+    cache = Llama(tiny_target, ops=ops()).new_cache(2, 64)
+    assert not cache.k.float().any() and not cache.v.float().any()
 
 
 @pytest.mark.parametrize("ops", [CpuOps, *BF16_OPS_PARAMS])
@@ -202,12 +212,25 @@ def _bf16(a: np.ndarray) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).bfloat16().double().numpy()
 
 
+# Each bf16 attention over the bf16 cache, with what positions it never wrote hold: anything for
+# the AMX tiles (a NaN here), which copy the last block's; for vdpbf16ps whatever is finite: its
+# pairs of positions read one past a row's last when their count is odd, times a probability of
+# 0, where KVCache's zeros stand (here a stale value, as a rejected draft leaves).
+BF16_ATTENTIONS = [
+    pytest.param(amx.attention, -64, id="amx", marks=needs_amx),  # 0xFFC0: NaN
+    pytest.param(
+        kernels.attention, 0x4040, id="avx512_bf16",  # 3.0
+        marks=pytest.mark.skipif(not kernels.AVX512_BF16, reason="no AVX-512 BF16"),
+    ),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize("head_dim", [16, 48, 64, 128])  # keys padded to 32; 1, 3, 4 and 2 x 4 value tiles
-@needs_amx
-def test_amx_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_dim):
-    """amx.attention over a cache amx.rope_store wrote (positions never written hold NaNs): a
-    prefill, a verification and a decode row in one call, each row the same bits as alone, and
-    softmax(q k / sqrt(Dh)) v with q, k, v and the probabilities rounded to bf16."""
+@pytest.mark.parametrize(("attention_kernel", "unwritten"), BF16_ATTENTIONS)
+def test_bf16_attention_rows_are_bitwise_independent_of_the_batch_and_correct(head_dim, attention_kernel, unwritten):
+    """A bf16 attention over a cache kernels.bf16_rope_store wrote: a prefill, a verification and
+    a decode row in one call, each row the same bits as alone, and softmax(q k / sqrt(Dh)) v
+    with q, k, v and the probabilities rounded to bf16."""
     g = np.random.default_rng(2)
     n_slots, n_kv, n_heads, max_len = 3, 2, 6, 160
     slots = np.array([0] * 70 + [1] * 50 + [2] * 101)
@@ -215,20 +238,21 @@ def test_amx_attention_rows_are_bitwise_independent_of_the_batch_and_correct(hea
     qkv = g.standard_normal((len(slots), (n_heads + 2 * n_kv) * head_dim), dtype=np.float32)
     angles = np.outer(np.arange(max_len), 10000.0 ** -(np.arange(0, head_dim, 2) / head_dim))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    key_shape, value_shape = amx.cache_shapes(n_slots, n_kv, max_len, head_dim)
-    keys, values = np.full(key_shape, -64, np.int16), np.full(value_shape, -64, np.int16)  # 0xFFC0: NaN
+    key_shape, value_shape = kernels.bf16_cache_shapes(n_slots, n_kv, max_len, head_dim)
+    keys, values = np.full(key_shape, unwritten, np.int16), np.full(value_shape, unwritten, np.int16)
     q = np.empty((len(slots), n_heads, head_dim), np.float32)
-    amx.rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv, q, keys, values)
+    kernels.bf16_rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv, q, keys, values)
     rows = np.array([*range(60, 70), *range(110, 120), 220])  # a prefill's end, 10 drafts, a step
 
     def attention(m: np.ndarray) -> np.ndarray:
         out = np.empty((len(m), n_heads * head_dim), np.float32)
-        amx.attention(q[m], keys, values, slots[m], positions[m], out)
+        attention_kernel(q[m], keys, values, slots[m], positions[m], out)
         return out
 
     together = attention(rows)
     assert np.array_equal(together, np.concatenate([attention(rows[i : i + 1]) for i in range(len(rows))]))
     assert np.array_equal(attention(np.arange(70))[60:], together[:10])  # inside a whole prefill
+    assert np.array_equal(attention(rows[10:20]), together[10:20])  # the verification alone
     k_all = qkv[:, n_heads * head_dim : (n_heads + n_kv) * head_dim].reshape(-1, n_kv, head_dim)
     want = np.empty((len(rows), n_heads, head_dim))
     for i, m in enumerate(rows):

@@ -17,7 +17,7 @@ from specdec import spec_decode
 from specdec.admission import Overloaded
 from specdec.config import parse_profile
 from specdec.controller import calibration_path
-from specdec.engine.engine import Engine, GenerationRequest
+from specdec.engine.engine import CALIBRATION_CONTEXT, Engine, GenerationRequest
 from specdec.loop import RequestSpec
 from specdec.proposers import GUESSED
 from specdec.sampling import SamplingParams
@@ -361,6 +361,20 @@ def test_calibration_times_every_row_count_asked_for_and_leaves_the_slots_free(t
     assert table["rows"] == [1, 2, 9]  # 64 rows do not fit a 64-token sequence
     assert all(0 < s < 10 for s in table["seconds"])
     assert engine.slots.in_use == 0
+
+
+def test_calibrated_rows_follow_a_context_as_a_verifications_do(tiny_target, monkeypatch):
+    engine = Engine(tiny_target, kv_slots=1, max_seq_len=2048, threads=1)
+    first_positions = []
+    timed = engine._timed_forward
+    monkeypatch.setattr(
+        engine, "_timed_forward", lambda *args: (first_positions.append(int(args[1][0])), timed(*args))[1]
+    )
+    table = engine.calibrate(rows=(1, 9), repeats=2)
+    assert table["rows"] == [1, 9]
+    assert first_positions[0] == 0  # the context, written once
+    assert set(first_positions[1:]) == {CALIBRATION_CONTEXT}
+    assert len(first_positions) == 1 + 2 * 3  # each pass: an untimed forward, then each count
 
 
 def test_what_rounds_take_beyond_their_forwards_reaches_the_controller(tiny_target, tiny_draft, tmp_path, monkeypatch):

@@ -9,10 +9,9 @@ AMX TDPBF16PS tile product, bf16 terms summed in float32, and the cache is half 
 
 A tile is 16 rows of 64 bytes: 16 x 32 bf16 or 16 x 16 float32. TDPBF16PS adds to each row of
 its float32 tile the products of that row of A with B, B holding pairs of bf16 along its rows
-(the "VNNI" layout). So the cache is kept in the layouts B needs:
-- keys (S, G, ceil(T / 16), Dk / 2, 16, 2), Dk = Dh rounded up to 32: per 16 positions, tile
-  rows of pairs of key features;
-- values (S, G, ceil(T / 32) * 16, Dh, 2): rows of pairs of positions.
+(the "VNNI" layout). So the cache is kept in the layouts B needs: kernels.py's bf16 cache
+(bf16_cache_shapes), keys in blocks of 16 positions (a tile's rows), values in rows of pairs of
+positions.
 Each row of a tile product is computed alone by the hardware, in the same order of terms, so a
 row's result depends only on its own inputs, as in kernels.py: the positions past a row's own
 have probability 0, and add nothing. The softmax between the two products is kernels.py's, in
@@ -37,20 +36,18 @@ from numba.extending import intrinsic
 
 from specdec.engine.kernels import (
     _FAST,
+    KEY_BLOCK,
     PARALLEL_ROWS,
+    VALUE_BLOCK,
     _row_bf16,
     _row_blocks,
     bf16,
-    qkv_offsets,
+    bf16_rope_store,
     rmsnorm,
-    rotate_queries,
-    rotated,
     softmax_numerators,
     swiglu,
 )
 
-KEY_BLOCK = 16  # positions of a tile of keys
-VALUE_BLOCK = 32  # positions of a tile of values: 16 rows of pairs
 ROWS = 16  # rows of a tile: queries of one kv head, ROWS // group rows of one sequence at most
 PAIR = 32  # bf16 in a tile's row
 PV_TILES = 4  # tiles 4..7 hold up to 4 x 16 columns of the output while positions stream past
@@ -210,39 +207,6 @@ def _zero_rows_from(arr, start):  # pragma: no cover - compiled
         _zero_from(arr[r], 0)
 
 
-def cache_shapes(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The shapes of the keys and values of one layer (see the module's docstring)."""
-    if head_dim % 16:
-        raise ValueError(f"head_dim: the bf16 CPU engine needs a multiple of 16, got {head_dim}")
-    padded = -(-head_dim // PAIR) * PAIR
-    keys = (slots, kv_heads, -(-max_len // KEY_BLOCK), padded // 2, KEY_BLOCK, 2)
-    values = (slots, kv_heads, -(-max_len // VALUE_BLOCK) * VALUE_BLOCK // 2, head_dim, 2)
-    return keys, values
-
-
-@njit(parallel=True, fastmath=_FAST, cache=True)
-def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):  # pragma: no cover
-    """kernels.rope_store, into this module's bf16 cache (keys, values: int16 bits, one layer);
-    a key's padding features are written as zeros."""
-    head_dim = q_out.shape[2]
-    half, k_off, v_off = qkv_offsets(n_heads, n_kv_heads, head_dim)
-    for m in prange(qkv.shape[0]):
-        pos, s = positions[m], slots[m]
-        rotate_queries(qkv, m, pos, cos, sin, q_out)
-        block, lane = pos // KEY_BLOCK, pos % KEY_BLOCK
-        for g in range(n_kv_heads):
-            key = keys[s, g, block]
-            base = k_off + g * head_dim
-            for i in range(half):
-                lo, hi = rotated(qkv[m, base + i], qkv[m, base + half + i], cos[pos, i], sin[pos, i])
-                key[i // 2, lane, i % 2] = bf16(lo)
-                key[(half + i) // 2, lane, (half + i) % 2] = bf16(hi)
-            for i in range(head_dim, 2 * key.shape[0]):
-                key[i // 2, lane, i % 2] = 0
-            for i in range(head_dim):
-                values[s, g, pos // 2, i, pos % 2] = bf16(qkv[m, v_off + g * head_dim + i])
-
-
 @njit(parallel=True, fastmath=_FAST, cache=True)
 def attention(q, keys, values, slots, positions, out):  # pragma: no cover - compiled
     """kernels.attention over this module's bf16 cache (one layer), on AMX tiles.
@@ -254,7 +218,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
     n_kv, key_width = keys.shape[1], 2 * keys.shape[3]
     group = n_heads // n_kv
     scale = np.float32(1.0 / math.sqrt(head_dim))
-    starts = _row_blocks(slots, positions, max(1, ROWS // group))
+    starts = _row_blocks(slots, positions, max(1, ROWS // group), 1)
     items = (len(starts) - 1) * n_kv
     for i in prange(items):
         item = i // 2 if i % 2 == 0 else items - 1 - i // 2  # as kernels.attention: equal shares
@@ -418,7 +382,7 @@ def _add_rows(x, padded):  # pragma: no cover - compiled
 def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, wo, mlp_norm, w_gate_up, gate_up_width,
                    w_down, keys, values, cos, sin):  # pragma: no cover - compiled  # fmt: skip
     """kernels.decoder_layers with this module's products over its bf16 cache: each layer's
-    weights the [i] of a stack of pack_weight's tiles, keys and values as cache_shapes for all
+    weights the [i] of a stack of pack_weight's tiles, keys and values as bf16_cache_shapes for all
     layers (int16 bits). Called once a forward: from Python each of its ~270 kernel calls cost
     ~15 us, a quarter of a step. A product writes whole tiles, so its output has rows up to a
     multiple of 16 and columns up to one of 32 (its first M rows go on: a C-contiguous view, which
@@ -436,7 +400,7 @@ def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, wo, mlp_n
     for i in range(attn_norm.shape[0]):
         rmsnorm(x, attn_norm[i], eps, h)
         matmul(h, wqkv[i], qkv)
-        rope_store(qkv[:rows], cos, sin, positions, slots, n_heads, n_kv, q, keys[i], values[i])
+        bf16_rope_store(qkv[:rows], cos, sin, positions, slots, n_heads, n_kv, q, keys[i], values[i])
         attention(q, keys[i], values[i], slots, positions, attended)
         matmul(attended, wo[i], projected)
         _add_rows(x, projected)

@@ -30,6 +30,7 @@ from specdec.sampling import SamplingError, SamplingParams
 # Every row count a verification at low load can have, then sparser: on the CPU a forward's time
 # is a staircase (matmul blocks of rows), which interpolating between powers of two would hide.
 CALIBRATION_ROWS = (*range(1, 18), 24, 32, 48, 64)
+CALIBRATION_CONTEXT = 256  # tokens before the calibrated rows: a grounded prompt's and its answer's
 
 
 class RequestError(ValueError):
@@ -161,21 +162,38 @@ class Engine:
 
     def calibrate(self, rows: tuple[int, ...] = CALIBRATION_ROWS, repeats: int = 5) -> dict[str, list]:
         """Seconds of one forward by number of rows: the cost model the spec_decode controller
-        starts from. The best of `repeats` passes over all the counts, each pass under the lock
-        shared with the server's other engine: a slow spell (at a server's start, the other
-        engine loading) then falls on every count of a pass, not on a few counts only, which
-        would bend the shape the controller plans by. Uses a free slot and leaves it free."""
-        rows = tuple(r for r in rows if r < self.max_seq_len)
+        starts from. The rows follow a context of CALIBRATION_CONTEXT tokens, as a verification's
+        do: attention's share of a row's cost grows with the context (at position 0 a forward of
+        9 rows had priced as one row's; served at ~300 tokens it cost 1.2x). The best of
+        `repeats` passes over all the counts, each pass under the lock shared with the server's
+        other engine: a slow spell (at a server's start, the other engine loading) then falls on
+        every count of a pass, not on a few counts only, which would bend the shape the
+        controller plans by. Uses a free slot and leaves it free."""
+        context = max(0, min(CALIBRATION_CONTEXT, self.max_seq_len - max(rows) - 1))
+        rows = tuple(r for r in rows if context + r < self.max_seq_len)
         slot, _, key = self.slots.acquire("", np.zeros(1, dtype=np.int64), set())
         seconds = [math.inf] * len(rows)
+
+        def forward_args(positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            # tokens, positions, slots and logit rows (all)
+            n = len(positions)
+            return (
+                positions % self.vocab_size,
+                positions,
+                torch.full((n,), slot, device=self.device),
+                torch.arange(n, device=self.device),
+            )
+
         try:
-            # tokens, positions, slots and logit rows of each count, made once for all passes
-            inputs = []
-            for n in rows:
-                span = torch.arange(n, device=self.device)
-                inputs.append((span % self.vocab_size, span, torch.full((n,), slot, device=self.device), span))
+            inputs = [forward_args(torch.arange(context, context + n, device=self.device)) for n in rows]
+            with self.forward_lock:
+                self._timed_forward(*forward_args(torch.arange(context, device=self.device)))
             for _ in range(repeats):
                 with self.forward_lock:
+                    # untimed: the first forward after the lock changes hands runs slow (served,
+                    # 16.5 ms at 1 row against 9-11), and the table is made non-decreasing
+                    # (ForwardCost): every count up to 17 rows had priced as the slow one
+                    self._timed_forward(*inputs[0])
                     for i, args in enumerate(inputs):
                         seconds[i] = min(seconds[i], self._timed_forward(*args)[2])
         finally:

@@ -258,17 +258,24 @@ def _row_bf16(row, out):  # pragma: no cover - compiled
         out[k] = bf16(row[k])
 
 
+@njit(inline="always")
+def _pairs(x):  # pragma: no cover - compiled
+    """bf16_pairs(x) on this thread alone (inside a parallel loop)."""
+    bits = np.empty(x.shape, dtype=np.int16)
+    for m in range(x.shape[0]):
+        _row_bf16(x[m], bits[m])
+    return bits.view(np.int32)
+
+
 @njit(parallel=True, cache=True)
 def bf16_pairs(x):  # pragma: no cover - compiled
     """(M, K) float32, K even -> (M, K / 2) int32: each row rounded to bf16 (bf16()), its
     features 2j and 2j + 1 in the low and high half of element j (vdpbf16ps's pairs)."""
-    bits = np.empty(x.shape, dtype=np.int16)
     if x.shape[0] < PARALLEL_ROWS:
-        for m in range(x.shape[0]):
-            _row_bf16(x[m], bits[m])
-    else:
-        for m in prange(x.shape[0]):
-            _row_bf16(x[m], bits[m])
+        return _pairs(x)
+    bits = np.empty(x.shape, dtype=np.int16)
+    for m in prange(x.shape[0]):
+        _row_bf16(x[m], bits[m])
     return bits.view(np.int32)
 
 
@@ -395,6 +402,61 @@ def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_ti
                 v_cache[s, g, pos, i] = qkv[m, vbase + i]
 
 
+# The bf16 KV cache of both bf16 engines (ops.CpuBf16Ops, CpuAvx512Bf16Ops), as int16 bits, in
+# the layouts their products take as weights: pairs of bf16 side by side along each product's sum
+# (AMX's "VNNI" layout, vdpbf16ps's pairs).
+# - keys (S, G, ceil(T / KEY_BLOCK), Dk / 2, KEY_BLOCK, 2), Dk = Dh rounded up to 32 (a tile's
+#   row of bf16): per KEY_BLOCK positions, rows of pairs of key features;
+# - values (S, G, ceil(T / VALUE_BLOCK) * VALUE_BLOCK / 2, Dh, 2): rows of pairs of positions.
+KEY_BLOCK = 16  # positions of a block of keys (an AMX tile's rows)
+VALUE_BLOCK = 32  # positions of a block of values: 16 rows of pairs
+
+
+def bf16_cache_shapes(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the keys and values of one layer of the bf16 cache."""
+    if head_dim % 16:
+        raise ValueError(f"head_dim: the bf16 CPU engines need a multiple of 16, got {head_dim}")
+    padded = -(-head_dim // 32) * 32
+    keys = (slots, kv_heads, -(-max_len // KEY_BLOCK), padded // 2, KEY_BLOCK, 2)
+    values = (slots, kv_heads, -(-max_len // VALUE_BLOCK) * VALUE_BLOCK // 2, head_dim, 2)
+    return keys, values
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def bf16_rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):  # pragma: no cover
+    """rope_store into the bf16 cache (keys, values: int16 bits, one layer); a key's padding
+    features are written as zeros."""
+    head_dim = q_out.shape[2]
+    half, k_off, v_off = qkv_offsets(n_heads, n_kv_heads, head_dim)
+    for m in prange(qkv.shape[0]):
+        pos, s = positions[m], slots[m]
+        rotate_queries(qkv, m, pos, cos, sin, q_out)
+        block, lane = pos // KEY_BLOCK, pos % KEY_BLOCK
+        for g in range(n_kv_heads):
+            key = keys[s, g, block]
+            base = k_off + g * head_dim
+            for i in range(half):
+                lo, hi = rotated(qkv[m, base + i], qkv[m, base + half + i], cos[pos, i], sin[pos, i])
+                key[i // 2, lane, i % 2] = bf16(lo)
+                key[(half + i) // 2, lane, (half + i) % 2] = bf16(hi)
+            for i in range(head_dim, 2 * key.shape[0]):
+                key[i // 2, lane, i % 2] = 0
+            for i in range(head_dim):
+                values[s, g, pos // 2, i, pos % 2] = bf16(qkv[m, v_off + g * head_dim + i])
+
+
+def _store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):
+    """rope_store into a float32 cache, bf16_rope_store into a bf16 one."""
+
+
+@overload(_store)
+def _store_typed(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):
+    store = bf16_rope_store if keys.dtype == types.int16 else rope_store
+    return lambda qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values: store(
+        qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values
+    )
+
+
 @njit(fastmath=_FAST, inline="always")
 def softmax_numerators(scores, n):  # pragma: no cover - compiled
     """scores[:n] -> exp(scores[:n] - their maximum), in place; returns their sum (a row's
@@ -414,16 +476,16 @@ ATTENTION_ROWS = 8  # rows of one sequence whose queries share each load of a ke
 
 
 @njit(cache=True)
-def _row_blocks(slots, positions, most):  # pragma: no cover - compiled
+def _row_blocks(slots, positions, most, least):  # pragma: no cover - compiled
     """Bounds of blocks of rows: each run of one sequence's consecutive positions split into
-    equal blocks of at most `most` rows (9 rows: 5 and 4, two equal shares for two threads).
-    Block b is rows starts[b] : starts[b + 1]."""
+    equal blocks of at most `most` rows, and at least `least` blocks where it has the rows (9
+    rows: 5 and 4, two equal shares for two threads). Block b is rows starts[b] : starts[b + 1]."""
     starts = np.empty(len(slots) + 1, dtype=np.int64)
     n = 0
     run = 0
     for m in range(len(slots) + 1):
         if m == len(slots) or (m > 0 and (slots[m] != slots[m - 1] or positions[m] != positions[m - 1] + 1)):
-            blocks = (m - run + most - 1) // most
+            blocks = max((m - run + most - 1) // most, min(m - run, least))
             for b in range(blocks):
                 starts[n] = run + (m - run) * b // blocks
                 n += 1
@@ -432,26 +494,63 @@ def _row_blocks(slots, positions, most):  # pragma: no cover - compiled
     return starts[: n + 1]
 
 
+def _as_pairs(cache):
+    """A block of the cache as its products' weights: a float32 cache as it is, the bf16 cache's
+    int16 pairs as int32 (its last axis, the pair, gone)."""
+
+
+@overload(_as_pairs)
+def _as_pairs_typed(cache):
+    if cache.dtype == types.int16:
+
+        def pairs(cache):
+            joined = cache.view(np.int32)
+            return joined.reshape(joined.shape[:-1])
+
+        return pairs
+    return lambda cache: cache
+
+
+def _terms_for(x, cache):
+    """x as the products with the cache take it: itself, or its bf16 pairs (on this thread)."""
+
+
+@overload(_terms_for)
+def _terms_for_typed(x, cache):
+    if cache.dtype == types.int16:
+        return lambda x, cache: _pairs(x)
+    return lambda x, cache: x
+
+
 @njit(parallel=True, fastmath=_FAST, cache=True)
-def attention(q, k_tiles, v_cache, slots, positions, out):  # pragma: no cover - compiled
+def attention(q, keys, values, slots, positions, out):  # pragma: no cover - compiled
     """Causal attention of each row over its own sequence's cache, positions 0..pos inclusive.
 
-    q: (M, H, Dh); k_tiles: (S, G, T / TILE, Dh, TILE); v_cache: (S, G, T, Dh); out: (M, H * Dh).
-    Grouped-query: head h reads kv head h // (H / G).
+    q: (M, H, Dh); out: (M, H * Dh). The cache (one layer): float32 as cache_layout, keys
+    (S, G, T / TILE, Dh, TILE) and values (S, G, T, Dh); or the bf16 cache (int16 bits, as
+    bf16_cache_shapes): then the queries and the probabilities are rounded to bf16 and each step
+    of a product adds a pair of terms (vdpbf16ps, as matmul with pack_bf16_weight), half the
+    steps and half the bytes. Grouped-query: head h reads kv head h // (H / G).
 
     A run of up to ATTENTION_ROWS rows of one sequence and the H / G query heads of a kv head
-    go together, as the rows of two products with _block: scores = queries @ keys tile by tile
+    go together, as the rows of two products with _block: scores = queries @ keys block by block
     (each key's Dh terms in order), then out = probabilities @ values (each position in order),
     every key and value loaded once for all of them. A row's probabilities past its own
     position are zeros, which leave its sums as they were: each row gets the same bits whatever
-    else shares its run.
+    else shares its run. (In the bf16 cache the pairs of positions reach one past the run's last
+    position when its count is odd: a position never written must hold no NaN there; KVCache's
+    are zeros.) A verification alone (one block, G items) splits in two: on two cores G = 3
+    items gave one thread twice the other's work.
     """
     n_heads, head_dim = q.shape[1], q.shape[2]
-    n_kv = k_tiles.shape[1]
+    n_kv = keys.shape[1]
     group = n_heads // n_kv
     scale = np.float32(1.0 / math.sqrt(head_dim))
-    starts = _row_blocks(slots, positions, ATTENTION_ROWS)
+    starts = _row_blocks(slots, positions, ATTENTION_ROWS, 1)
+    if len(starts) == 2:  # one block: a step or a verification alone
+        starts = _row_blocks(slots, positions, ATTENTION_ROWS, 2)
     items = (len(starts) - 1) * n_kv
+    block = keys.shape[4]  # positions of a block of keys
     for i in prange(items):
         # later runs of a prefill attend further: pair the i-th item from each end so that each
         # thread's equal share of the range is an equal share of the work
@@ -465,23 +564,27 @@ def attention(q, k_tiles, v_cache, slots, positions, out):  # pragma: no cover -
         for r in range(n_q):
             for d in range(head_dim):
                 x[r, d] = q[m0 + r // group, g * group + r % group, d] * scale
-        tiles = (length + TILE - 1) // TILE
-        p = np.empty((n_q, tiles * TILE), dtype=np.float32)
-        for t in range(tiles):
-            _product(x, n_q, head_dim, k_tiles[s, g, t], 0, p, t * TILE, False)
+        terms = _terms_for(x, keys)
+        blocks = (length + block - 1) // block
+        p = np.empty((n_q, blocks * block), dtype=np.float32)
+        for t in range(blocks):
+            _product(terms, n_q, terms.shape[1], _as_pairs(keys[s, g, t]), 0, p, t * block, False)
         inv = np.empty(n_q, dtype=np.float32)  # 1 / each softmax's sum, applied to its output
         for r in range(n_q):
             own = positions[m0 + r // group] + 1
             inv[r] = np.float32(1.0) / softmax_numerators(p[r], own)
-            for t in range(own, length):
+            for t in range(own, p.shape[1]):
                 p[r, t] = np.float32(0.0)
-        values = np.empty((n_q, head_dim), dtype=np.float32)
+        weights = _terms_for(p, keys)
+        per_step = p.shape[1] // weights.shape[1]  # positions a step of the second product adds
+        values_out = np.empty((n_q, head_dim), dtype=np.float32)
         for col in range(0, head_dim, TILE):
-            _product(p, n_q, length, v_cache[s, g], col, values, col, False)
+            _product(weights, n_q, (length + per_step - 1) // per_step, _as_pairs(values[s, g]), col, values_out, col,
+                     False)  # fmt: skip
         for r in range(n_q):
             h = g * group + r % group
             for d in range(head_dim):
-                out[m0 + r // group, h * head_dim + d] = values[r, d] * inv[r]
+                out[m0 + r // group, h * head_dim + d] = values_out[r, d] * inv[r]
 
 
 @njit(parallel=True, fastmath=_FAST, cache=True)
@@ -499,10 +602,11 @@ def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, wo, mlp_n
                    w_down, k_cache, v_cache, cos, sin):  # pragma: no cover - compiled  # fmt: skip
     """x (M, D) += each layer's attention, then its MLP, in place: ops.TorchOps.decoder_layers
     with the kernels above, each layer's weights the [i] of a stack over the layers (packed as
-    pack_weight; attn_norm, mlp_norm (L, D)), the cache as in rope_store for all layers (k_cache
-    (L, S, G, T / TILE, Dh, TILE), v_cache (L, S, G, T, Dh))."""
+    pack_weight or pack_bf16_weight; attn_norm, mlp_norm (L, D)), the cache as attention takes it
+    for all layers (float32: k_cache (L, S, G, T / TILE, Dh, TILE), v_cache (L, S, G, T, Dh); or
+    the bf16 cache)."""
     rows = x.shape[0]
-    n_kv, head_dim = k_cache.shape[2], k_cache.shape[4]
+    n_kv, head_dim = v_cache.shape[2], v_cache.shape[4]
     h = np.empty_like(x)
     qkv = np.empty((rows, (n_heads + 2 * n_kv) * head_dim), dtype=np.float32)
     q = np.empty((rows, n_heads, head_dim), dtype=np.float32)
@@ -512,7 +616,7 @@ def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, wo, mlp_n
     for i in range(attn_norm.shape[0]):
         rmsnorm(x, attn_norm[i], eps, h)
         matmul(h, wqkv[i], qkv, False)
-        rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv, q, k_cache[i], v_cache[i])
+        _store(qkv, cos, sin, positions, slots, n_heads, n_kv, q, k_cache[i], v_cache[i])
         attention(q, k_cache[i], v_cache[i], slots, positions, attended)
         matmul(attended, wo[i], x, True)
         rmsnorm(x, mlp_norm[i], eps, h)

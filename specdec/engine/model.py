@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
@@ -205,16 +206,25 @@ class Llama:
 
 class KVCache:
     """Preallocated keys/values, (layers, *shape) for the shapes layout(slots, kv_heads, max_len,
-    head_dim) gives: the ops' layout. Allocated with torch.empty, so on CPU only the pages a
-    sequence actually writes become resident."""
+    head_dim) gives: the ops' layout. Zeros: positions never written hold no NaN for a product
+    to multiply by a probability of 0 (kernels.attention); on CPU allocated by numpy, whose
+    calloc leaves the pages unbacked until a sequence writes them (torch.zeros writes them all:
+    the whole cache resident from the start)."""
 
     def __init__(
         self, cfg: LlamaConfig, slots: int, max_len: int, device: torch.device, dtype: torch.dtype,
         layout: Callable[[int, int, int, int], tuple[tuple[int, ...], ...]],
     ):  # fmt: skip
         keys, values = layout(slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.empty(cfg.num_hidden_layers, *keys, device=device, dtype=dtype)
-        self.v = torch.empty(cfg.num_hidden_layers, *values, device=device, dtype=dtype)
+        self.k = _zeros((cfg.num_hidden_layers, *keys), device, dtype)
+        self.v = _zeros((cfg.num_hidden_layers, *values), device, dtype)
         self.max_len = max_len
         cos, sin = rope_tables(cfg, max_len)
         self.cos, self.sin = cos.to(device), sin.to(device)
+
+
+def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    if device.type != "cpu":
+        return torch.zeros(shape, device=device, dtype=dtype)
+    bits = torch.int16 if dtype == torch.bfloat16 else dtype  # numpy has no bfloat16
+    return torch.from_numpy(np.zeros(shape, dtype=torch.empty(0, dtype=bits).numpy().dtype)).view(dtype)

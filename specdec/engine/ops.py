@@ -3,8 +3,8 @@
 CpuOps: numba kernels with per-row invariant arithmetic (kernels.py); float32 only.
 CpuBf16Ops: the projections and attention as bf16 AMX tile products (amx.py) over a bf16 cache,
 the rest CpuOps's float32 kernels.
-CpuAvx512Bf16Ops: where there is no AMX, the projections as AVX-512 BF16 dot products, the rest
-(attention and its float32 cache too) CpuOps's.
+CpuAvx512Bf16Ops: where there is no AMX, the projections and attention as AVX-512 BF16 dot
+products over the same bf16 cache, the rest CpuOps's.
 TorchOps: plain torch, for CUDA (and as an independent implementation the tests compare with).
 decoder_layers() runs every decoder layer over the rows in place: TorchOps's is the layer
 written out, the CPU ops' the same steps compiled into one call (kernels.decoder_layers,
@@ -172,7 +172,7 @@ class CpuBf16Ops(CpuOps):
     at 9 rows)."""
 
     cache_dtype = torch.bfloat16
-    cache_layout = staticmethod(amx.cache_shapes)
+    cache_layout = staticmethod(kernels.bf16_cache_shapes)
     guess_kernel = staticmethod(compiled_guesses)
     pack_weight = staticmethod(amx.pack_weight)
     layers_kernel = staticmethod(amx.decoder_layers)
@@ -199,11 +199,14 @@ class CpuBf16Ops(CpuOps):
 
 class CpuAvx512Bf16Ops(CpuOps):
     """CPU without AMX but with AVX-512 BF16 (AMD Zen 4, Intel Cooper Lake): CpuOps with every
-    projection's product in bf16 terms summed in float32 (kernels.matmul over pack_bf16_weight's
-    pairs, one vdpbf16ps a pair), the rest float32, the cache too. Half the weight bytes a step
-    reads, twice the products an instruction: on a 2-core Zen 4 a 350-token prefill ~2.5x
-    faster than float32's FMAs, and the same per-row invariance."""
+    projection's product and attention's two in bf16 terms summed in float32 (kernels.matmul
+    over pack_bf16_weight's pairs, kernels.attention over the bf16 cache: one vdpbf16ps a pair),
+    norms, rotary, softmax, SiLU and the residual stream float32. Half the bytes a step reads,
+    twice the products an instruction: on a 2-core Zen 4 a 350-token prefill ~2.5x faster than
+    float32's FMAs, and the same per-row invariance."""
 
+    cache_dtype = torch.bfloat16
+    cache_layout = staticmethod(kernels.bf16_cache_shapes)
     guess_kernel = staticmethod(compiled_guesses)
     pack_weight = staticmethod(kernels.pack_bf16_weight)
 
