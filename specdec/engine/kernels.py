@@ -280,13 +280,17 @@ def bf16_pairs(x):  # pragma: no cover - compiled
 
 
 def _terms(x, w):
-    """x as matmul's products take it: itself, or with weights of bf16 pairs, bf16_pairs(x)."""
+    """x as its products with w take it: itself (float32 w), or its bf16 pairs: for matmul's
+    weights (pack_bf16_weight's int32) bf16_pairs(x), for attention's bf16 cache (int16 bits,
+    inside attention's parallel loop) on this thread alone."""
 
 
 @overload(_terms)
 def _terms_typed(x, w):
     if w.dtype == types.int32:
         return lambda x, w: bf16_pairs(x)
+    if w.dtype == types.int16:
+        return lambda x, w: _pairs(x)
     return lambda x, w: x
 
 
@@ -511,17 +515,6 @@ def _as_pairs_typed(cache):
     return lambda cache: cache
 
 
-def _terms_for(x, cache):
-    """x as the products with the cache take it: itself, or its bf16 pairs (on this thread)."""
-
-
-@overload(_terms_for)
-def _terms_for_typed(x, cache):
-    if cache.dtype == types.int16:
-        return lambda x, cache: _pairs(x)
-    return lambda x, cache: x
-
-
 @njit(parallel=True, fastmath=_FAST, cache=True)
 def attention(q, keys, values, slots, positions, out):  # pragma: no cover - compiled
     """Causal attention of each row over its own sequence's cache, positions 0..pos inclusive.
@@ -564,7 +557,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
         for r in range(n_q):
             for d in range(head_dim):
                 x[r, d] = q[m0 + r // group, g * group + r % group, d] * scale
-        terms = _terms_for(x, keys)
+        terms = _terms(x, keys)
         blocks = (length + block - 1) // block
         p = np.empty((n_q, blocks * block), dtype=np.float32)
         for t in range(blocks):
@@ -575,7 +568,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
             inv[r] = np.float32(1.0) / softmax_numerators(p[r], own)
             for t in range(own, p.shape[1]):
                 p[r, t] = np.float32(0.0)
-        weights = _terms_for(p, keys)
+        weights = _terms(p, keys)
         per_step = p.shape[1] // weights.shape[1]  # positions a step of the second product adds
         values_out = np.empty((n_q, head_dim), dtype=np.float32)
         for col in range(0, head_dim, TILE):
