@@ -163,8 +163,9 @@ class Engine:
     def calibrate(self, rows: tuple[int, ...] = CALIBRATION_ROWS, repeats: int = 5) -> dict[str, list]:
         """Seconds of one forward by number of rows: the cost model the spec_decode controller
         starts from. The rows follow a context of CALIBRATION_CONTEXT tokens, as a verification's
-        do: attention's share of a row's cost grows with the context (at position 0 a forward of
-        9 rows had priced as one row's; served at ~300 tokens it cost 1.2x). The best of
+        do: attention's share of a row's cost grows with the context (in process, 9 rows cost
+        1.09x one row at position 0, 1.13x after 256 tokens; 8 rows of a served verification
+        ~1.15x a step, in process 1.27x). The best of
         `repeats` passes over all the counts, each pass under the lock shared with the server's
         other engine: a slow spell (at a server's start, the other engine loading) then falls on
         every count of a pass, not on a few counts only, which would bend the shape the

@@ -529,8 +529,9 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
     go together, as the rows of two products with _block: scores = queries @ keys block by block
     (each key's Dh terms in order), then out = probabilities @ values (each position in order),
     every key and value loaded once for all of them. A row's probabilities past its own
-    position are zeros, which leave its sums as they were: each row gets the same bits whatever
-    else shares its run. (In the bf16 cache the pairs of positions reach one past the run's last
+    position are zeros, which leave its sums as they were (vdpbf16ps flushes denormal sums: none
+    is left for a pair of zeros to flush): each row gets the same bits whatever else shares its
+    run. (In the bf16 cache the pairs of positions reach one past the run's last
     position when its count is odd: a position never written must hold no NaN there; KVCache's
     are zeros.) A verification alone (one block, G items) splits in two: on two cores G = 3
     items gave one thread twice the other's work.
