@@ -83,8 +83,6 @@ class ForwardCost:
         return json.dumps({"rows": self.rows, "seconds": self.seconds, "scale": self.scale})
 
     def time(self, rows: float) -> float:
-        if isinstance(rows, int) and 0 <= rows < len(self._by_rows):
-            return self.scale * float(self._by_rows[rows])
         return float(self.times(np.asarray(rows)))
 
     def times(self, rows: np.ndarray) -> np.ndarray:
