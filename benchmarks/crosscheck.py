@@ -71,7 +71,7 @@ def main() -> int:
             mine = sorted((r for r in level["requests"] if r["arm"] == arm), key=lambda r: r["prompt"])
             timings = [
                 curl(server.http_url, {"text_input": prompts[r["prompt"]]["text"], "max_tokens": args.max_tokens,
-                                       "stream": True, **settings})
+                                       "stream": True, "cache_salt": f"curl {arm}", **settings})
                 for r in mine
             ]  # fmt: skip
             summary = level["summary"][arm]

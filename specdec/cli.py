@@ -106,6 +106,7 @@ def _params(args: argparse.Namespace):
         num_draft_tokens=args.num_draft_tokens,
         draft_method=args.draft_method,
         stop_words=args.stop or None,
+        cache_salt=args.cache_salt,
     )
 
 
@@ -208,6 +209,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-tokens", type=int, help="0 turns speculation off; default: the profile's")
     p.add_argument("--draft-method", choices=["draft_model", "ngram", "none"])
     p.add_argument("--stop", action="append", help="stop word (repeatable)")
+    p.add_argument("--cache-salt", help="reuse cached prefixes only of requests with this salt")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -65,6 +65,9 @@ class PytorchEngine(_Strict):
     threads: Annotated[int, Field(ge=1)] | None = Field(None, description="CPU threads; default: all cores")
     max_queue_delay_us: Annotated[int, Field(ge=0, le=1_000_000)] = 1000
     instances: Annotated[int, Field(ge=1, le=8)] = 1
+    kv_cache_reuse: bool = Field(
+        True, description="a new request reuses the keys/values of a prefix an ended one left (same cache_salt)"
+    )
 
 
 # --- TensorRT-LLM (backend: tensorrtllm). Names follow the pinned release: specdec/build/trtllm.py --------

@@ -40,6 +40,10 @@ ENGINE_OUTPUTS: dict[str, np.dtype] = {
 # the PyTorch engine's own, beside those, when asked: its guess at the token after the new ones,
 # then the other tokens it finds plausible, best first ([-1]: none; specdec/engine/guess.py)
 GUESS_INPUT, GUESS_OUTPUT = "return_next_guess", "next_guesses"
+# and the request's cache salt: it reuses only prefixes that requests of that salt left
+# (specdec/engine/kv_slots.py)
+CACHE_SALT_INPUT = "cache_salt"
+MAX_CACHE_SALT_BYTES = 256
 
 # --- the ensemble: what clients, genai-perf and curl talk to ------------------------------------
 ENSEMBLE_INPUTS: dict[str, np.dtype] = {
@@ -55,6 +59,7 @@ ENSEMBLE_INPUTS: dict[str, np.dtype] = {
     "num_draft_tokens": np.int32,  # 0 turns speculation off for this request
     "draft_method": np.object_,  # BYTES: draft_model | ngram | none
     "apply_chat_template": np.bool_,
+    "cache_salt": np.object_,  # BYTES: requests share cached prefixes only with the same salt
 }
 ENSEMBLE_OUTPUTS: dict[str, np.dtype] = {
     "text_output": np.object_,
@@ -79,6 +84,7 @@ SPEC_DECODE_INPUTS: dict[str, np.dtype] = {
     "stream": np.bool_,
     "num_draft_tokens": np.int32,
     "draft_method": np.object_,
+    "cache_salt": np.object_,
     "cancel_sequence_id": np.uint64,  # a control request: cancel that running sequence
 }
 SPEC_DECODE_OUTPUTS: dict[str, np.dtype] = {

@@ -36,10 +36,14 @@ async def _demo(grpc_url: str, profile: Profile, prompt: str, max_tokens: int) -
         drafts = f"up to {spec_cfg.num_draft_tokens} draft tokens" + (", adaptive" if spec_cfg.adaptive.enabled else "")
         console.rule(f"[bold]speculative decoding[/] ({spec_cfg.proposer}, {drafts}), streamed")
         console.print(f"[dim]prompt:[/] {prompt}\n")
-        spec = await client.generate(prompt, GenerationParams(max_tokens=max_tokens), on_chunk=_print_chunk)
+        # each its own cache salt: the baseline must not reuse the prompt the speculative run left cached
+        spec = await client.generate(
+            prompt, GenerationParams(max_tokens=max_tokens, cache_salt="demo speculative"), on_chunk=_print_chunk
+        )
         console.print()
         console.rule("[bold]baseline[/]: the same request with speculation off (num_draft_tokens=0)")
-        base = await client.generate(prompt, GenerationParams(max_tokens=max_tokens, num_draft_tokens=0), stream=False)
+        off = GenerationParams(max_tokens=max_tokens, num_draft_tokens=0, cache_salt="demo baseline")
+        base = await client.generate(prompt, off, stream=False)
         console.print(base.text, markup=False, highlight=False)
     return spec, base
 

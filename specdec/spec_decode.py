@@ -27,7 +27,7 @@ import numpy as np
 from specdec import loop
 from specdec.admission import CANCEL, Admission, drain_path
 from specdec.config import Profile
-from specdec.contract import GUESS_INPUT, GUESS_OUTPUT
+from specdec.contract import CACHE_SALT_INPUT, GUESS_INPUT, GUESS_OUTPUT
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
 from specdec.lockstep import Lockstep
@@ -127,10 +127,12 @@ class EngineClient:
         draft: loop.Draft = loop.NO_DRAFT,
         return_logits: bool = False,
         return_guess: bool | None = None,
+        cache_salt: str = "",
     ) -> Callable[[], Awaitable[Generated]]:
         """The call of generate(), built: calling the result sends it. return_guess: ask for the
         engine's guess (specdec/engine/guess.py): True or False from a client whose engine has a
-        guess head (all its calls carry the input then), None from one whose engine has not."""
+        guess head (all its calls carry the input then), None from one whose engine has not.
+        cache_salt: the PyTorch engine's (uniform_inputs); TensorRT-LLM's engine has no such input."""
         # TensorRT-LLM decodes greedily with top_k 1 (its maintainers' advice; temperature 0
         # alone is not documented as greedy there); our engine is greedy at temperature 0 anyway.
         top_k = 1 if sampling.greedy else sampling.top_k
@@ -156,6 +158,8 @@ class EngineClient:
             inputs["return_generation_logits"] = _scalar(return_logits, np.bool_)
         if return_guess is not None:
             inputs[GUESS_INPUT] = _scalar(return_guess, np.bool_)
+        if self.uniform_inputs:
+            inputs[CACHE_SALT_INPUT] = _scalar(cache_salt.encode(), np.object_)
         outputs = (
             ["output_ids"] + (["generation_logits"] if return_logits else []) + ([GUESS_OUTPUT] if return_guess else [])
         )
@@ -233,7 +237,7 @@ class SpecDecodeService:
         )
 
     def _proposer(
-        self, name: str, sampling: SamplingParams, key: str, end_id: int | None, prompt_length: int
+        self, name: str, sampling: SamplingParams, key: str, end_id: int | None, prompt_length: int, salt: str
     ) -> tuple[loop.Proposer, Evidence, PromptLookup | None]:
         """The request's proposer, what it finds before drafting (Controller.choose_k), and the
         prompt lookup that hears the engine's guesses, if it is one and there are guesses."""
@@ -256,7 +260,7 @@ class SpecDecodeService:
                     return loop.NO_DRAFT
                 try:
                     ids, logits, _ = await self.draft.generate(
-                        tokens, k, draft_sampling, key, end_id, return_logits=not sampling.greedy
+                        tokens, k, draft_sampling, key, end_id, return_logits=not sampling.greedy, cache_salt=salt
                     )
                 except EngineError as err:
                     failed = True
@@ -280,7 +284,9 @@ class SpecDecodeService:
         sampling, end_id = request_sampling(req), request_end_id(req)
         key = new_sequence_key()
         gen = loop.Generation(req.spec)
-        propose, evidence, listener = self._proposer(req.proposer, sampling, key, end_id, len(req.spec.prompt_ids))
+        propose, evidence, listener = self._proposer(
+            req.proposer, sampling, key, end_id, len(req.spec.prompt_ids), req.cache_salt
+        )
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
             rows = len(draft.ids) + 1 if gen.stats.rounds else len(tokens)  # the first call prefills
@@ -288,7 +294,7 @@ class SpecDecodeService:
             if self.guesses:
                 ask = listener is not None and self.controller.would_draft(key, GUESSED)
             send = self.target.prepare_generate(
-                tokens, len(draft.ids) + 1, sampling, key, end_id, draft, return_guess=ask
+                tokens, len(draft.ids) + 1, sampling, key, end_id, draft, return_guess=ask, cache_salt=req.cache_salt
             )
             ids, _, guesses = await self.lockstep.call(member, rows, send)
             if listener is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.config import PROPOSERS, Profile
-from specdec.contract import GUESS_INPUT, GUESS_OUTPUT, stop_words_from_list
+from specdec.contract import CACHE_SALT_INPUT, GUESS_INPUT, GUESS_OUTPUT, MAX_CACHE_SALT_BYTES, stop_words_from_list
 from specdec.engine.engine import GenerationRequest, GenerationResult
 from specdec.loop import AcceptanceStats, RequestSpec
 from specdec.sampling import SamplingError, SamplingParams
@@ -69,6 +69,14 @@ def _text(value, name: str) -> str:
     if isinstance(value, str):
         return value
     raise InvalidInput(f"{name}: expected text (BYTES), got {type(value).__name__}")
+
+
+def _cache_salt(inputs: dict) -> str:
+    """The request's cache salt ("" when absent)."""
+    salt = _text(_one(inputs, CACHE_SALT_INPUT, ""), CACHE_SALT_INPUT)
+    if len(salt.encode()) > MAX_CACHE_SALT_BYTES:
+        raise InvalidInput(f"{CACHE_SALT_INPUT}: at most {MAX_CACHE_SALT_BYTES} bytes, got {len(salt.encode())}")
+    return salt
 
 
 def _sampling(inputs: dict, names: dict[str, str]) -> SamplingParams:
@@ -159,6 +167,7 @@ class SpecDecodeRequest:
     proposer: str
     stream: bool
     seeded: bool
+    cache_salt: str = ""  # the engines reuse only prefixes that requests of this salt left
 
 
 def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDecodeRequest:
@@ -213,6 +222,7 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
         proposer=proposer,
         stream=bool(_one(inputs, "stream", False)),
         seeded="seed" in inputs,
+        cache_salt=_cache_salt(inputs),
     )
 
 
@@ -245,6 +255,7 @@ def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | N
         sequence_key=request_id,
         return_logits=bool(_one(inputs, "return_generation_logits", False)),
         return_guess=bool(_one(inputs, GUESS_INPUT, False)),
+        cache_salt=_cache_salt(inputs),
     )
 
 

@@ -18,6 +18,7 @@ from specdec.client.loadgen import (
     Load,
     Sent,
     blocks,
+    cache_salt,
     closed_loop,
     interleaved,
     level_summaries,
@@ -143,26 +144,35 @@ def test_arms_and_levels_parse():
         parse_counts("0,2")
 
 
-def test_interleaving_gives_every_prompt_to_every_arm_in_rotating_order():
-    jobs = list(interleaved(num_prompts=2, num_arms=3, per_arm=4))
+def test_interleaving_gives_every_request_number_to_every_arm_in_rotating_order():
+    jobs = list(interleaved(num_arms=3, per_arm=4))
     assert jobs[:6] == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (1, 0)]
     for arm in range(3):
-        assert [p for p, a in jobs if a == arm] == [0, 1, 0, 1]
+        assert [n for n, a in jobs if a == arm] == [0, 1, 2, 3]
 
 
-def test_blocks_give_each_arm_the_same_prompts_in_rotating_order():
-    assert list(blocks(num_prompts=3, num_arms=2, per_arm=5, block_size=2)) == [
+def test_blocks_give_each_arm_the_same_request_numbers_in_rotating_order():
+    assert list(blocks(num_arms=2, per_arm=5, block_size=2)) == [
         [(0, 0), (1, 0)], [(0, 1), (1, 1)],  # round 0: arm 0 first
-        [(2, 1), (0, 1)], [(2, 0), (0, 0)],  # round 1: arm 1 first
-        [(1, 0)], [(1, 1)],
+        [(2, 1), (3, 1)], [(2, 0), (3, 0)],  # round 1: arm 1 first
+        [(4, 0)], [(4, 1)],
     ]  # fmt: skip
+
+
+def test_cache_salts_keep_arms_and_passes_over_the_prompts_apart():
+    ngram = parse_arm("ngram:5")
+    salts = {cache_salt("grounded c=1", arm, n, num_prompts=3) for arm in (BASELINE, ngram) for n in range(6)}
+    assert len(salts) == 4  # two arms x two passes
+    assert cache_salt("grounded c=1", ngram, 0, 3) == cache_salt("grounded c=1", ngram, 2, 3)
+    assert cache_salt("grounded c=1", ngram, 0, 3) != cache_salt("grounded c=2", ngram, 0, 3)
 
 
 def test_baseline_params_turn_speculation_off():
     from specdec.client.workloads import Prompt
 
-    params = BASELINE.params(Prompt("hi", "chat", 8, ignore_eos=True), None, None)
+    params = BASELINE.params(Prompt("hi", "chat", 8, ignore_eos=True), None, None, "salt")
     assert (params.num_draft_tokens, params.draft_method, params.end_id) == (0, "none", -1)
+    assert params.tensors()["cache_salt"] == "salt"
 
 
 # --- the load loops: bounded in count, concurrency and time ---------------------------------------
@@ -177,7 +187,7 @@ def test_closed_loop_keeps_concurrency_and_count():
         in_flight -= 1
         done.append(job)
 
-    asyncio.run(closed_loop(interleaved(5, 2, 6), send, concurrency=3, deadline=time.monotonic() + 60))
+    asyncio.run(closed_loop(interleaved(2, 6), send, concurrency=3, deadline=time.monotonic() + 60))
     assert peak == 3 and len(done) == 12
 
 
@@ -189,11 +199,11 @@ def test_loops_stop_issuing_at_the_deadline():
         done.append(job)
 
     start = time.monotonic()
-    asyncio.run(closed_loop(interleaved(5, 2, 10_000), send, concurrency=2, deadline=start + 0.3))
+    asyncio.run(closed_loop(interleaved(2, 10_000), send, concurrency=2, deadline=start + 0.3))
     assert time.monotonic() - start < 1.0 and 8 <= len(done) <= 16
     done.clear()
     start = time.monotonic()
-    asyncio.run(open_loop(interleaved(5, 2, 10_000), send, rate=50.0, deadline=start + 0.5, rng=random.Random(0)))
+    asyncio.run(open_loop(interleaved(2, 10_000), send, rate=50.0, deadline=start + 0.5, rng=random.Random(0)))
     assert time.monotonic() - start < 1.5 and 10 <= len(done) <= 50  # about 25 arrivals in 0.5 s
 
 
@@ -205,7 +215,7 @@ def test_open_loop_does_not_wait_for_answers():
         await asyncio.sleep(1.0)
 
     t0 = time.monotonic()
-    asyncio.run(open_loop(interleaved(3, 1, 20), send, rate=100.0, deadline=t0 + 30, rng=random.Random(1)))
+    asyncio.run(open_loop(interleaved(1, 20), send, rate=100.0, deadline=t0 + 30, rng=random.Random(1)))
     assert len(starts) == 20 and starts[-1] - t0 < 0.9  # all sent before the first one answered
 
 

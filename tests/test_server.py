@@ -21,7 +21,9 @@ from conftest import needs_bf16, variant_server, with_dtype
 from prompts import PASSAGE, PROMPTS
 
 from specdec.client.client import GenerationParams, TritonClient, http_generate
+from specdec.client.server_stats import scrape, total
 from specdec.contract import SPEC_DECODE_INPUTS, SPEC_DECODE_OUTPUTS
+from specdec.engine.kv_slots import common_prefix
 
 pytestmark = pytest.mark.server
 
@@ -204,6 +206,30 @@ def test_metrics_are_current_while_a_long_request_runs(server):
     assert drafted() == before + record.total_draft_tokens
 
 
+def test_requests_of_a_cache_salt_reuse_the_chat_template_they_share(server, tokenizer):
+    """A new request reuses the keys/values of the prefix an ended request of its salt left (the
+    chat template's system prompt); a request of another salt reuses nothing of it."""
+    salt = f"test {time.time_ns()}"  # no earlier request has it
+    first, second = "What is 2+2?", "Name a colour."
+    shared = common_prefix(*(np.asarray(tokenizer.encode(tokenizer.chat_prompt(t))) for t in (first, second)))
+
+    def reused() -> float:
+        return total(scrape(server.metrics_url), "specdec_kv_reused_prefix_tokens_total", model="target")
+
+    async def run(text: str, cache_salt: str):
+        async with TritonClient(server.grpc_url) as client:
+            record = await client.generate(text, GenerationParams(max_tokens=4, cache_salt=cache_salt))
+        assert record.error is None, record.error
+
+    start = reused()
+    asyncio.run(run(first, salt))
+    assert reused() == start  # the first request of its salt
+    asyncio.run(run(second, salt))
+    assert shared > 10 and reused() == start + shared
+    asyncio.run(run(second, salt + " other"))
+    assert reused() == start + shared
+
+
 # --- bad input: INVALID_ARG naming the field, and the server keeps serving -----------------------
 def _post(server, model: str, body: dict) -> tuple[int, str]:
     req = urllib.request.Request(
@@ -233,6 +259,7 @@ BAD = [
     ({"text_input": "hi", "max_tokens": 8, "top_k": -3}, "top_k"),
     ({"text_input": "hi", "max_tokens": 8, "stop_words": [""]}, "stop_words"),
     ({"max_tokens": 8}, "text_input"),  # missing
+    ({"text_input": "hi", "max_tokens": 8, "cache_salt": "x" * 300}, "cache_salt"),
 ]
 
 

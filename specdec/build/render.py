@@ -56,6 +56,7 @@ def engine_values(profile: Profile, role: str) -> dict[str, object]:
         "lock_file": str(profile.build_path() / "engine.lock") if eng.device == "cpu" else None,
         "guess_head": profile.speculation.ngram.guess_head if role == "target" else None,
         "guess_margin": profile.speculation.ngram.guess_margin,
+        "kv_cache_reuse": eng.kv_cache_reuse,
     }
     return {
         "calibration_file": calibration_path(profile.build_path(), role),

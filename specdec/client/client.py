@@ -35,6 +35,7 @@ class GenerationParams:
     stop_words: list[str] | None = None
     end_id: int | None = None
     apply_chat_template: bool | None = None
+    cache_salt: str | None = None  # share cached prefixes only with requests of this salt
 
     def tensors(self) -> dict[str, object]:
         """The optional ensemble inputs this request sets (absent ones take server defaults)."""

@@ -62,7 +62,7 @@ class Arm:
             return "baseline"
         return self.draft_method if self.num_draft_tokens is None else f"{self.draft_method}:{self.num_draft_tokens}"
 
-    def params(self, prompt: Prompt, temperature: float | None, seed: int | None) -> GenerationParams:
+    def params(self, prompt: Prompt, temperature: float | None, seed: int | None, salt: str) -> GenerationParams:
         return GenerationParams(
             max_tokens=prompt.max_tokens,
             temperature=temperature,
@@ -71,6 +71,7 @@ class Arm:
             draft_method=self.draft_method,
             end_id=-1 if prompt.ignore_eos else None,
             apply_chat_template=prompt.apply_chat_template,
+            cache_salt=salt,
         )
 
 
@@ -190,24 +191,32 @@ class BenchResult:
         return [s.record.error for level in self.levels for s in level.requests if s.record.error]
 
 
-def interleaved(num_prompts: int, num_arms: int, per_arm: int) -> Iterator[tuple[int, int]]:
-    """(prompt, arm) jobs: each prompt to every arm in turn, the arm order rotating by one per
-    prompt so no arm is always first."""
-    for p in range(per_arm):
+Job = tuple[int, int]  # (request number n within its arm, arm): n answers prompt n % len(prompts)
+
+
+def interleaved(num_arms: int, per_arm: int) -> Iterator[Job]:
+    """Each request number to every arm in turn, the arm order rotating by one per number so no
+    arm is always first."""
+    for n in range(per_arm):
         for j in range(num_arms):
-            yield p % num_prompts, (j + p) % num_arms
+            yield n, (j + n) % num_arms
 
 
-Job = tuple[int, int]
-
-
-def blocks(num_prompts: int, num_arms: int, per_arm: int, block_size: int) -> Iterator[list[Job]]:
+def blocks(num_arms: int, per_arm: int, block_size: int) -> Iterator[list[Job]]:
     """Blocks of one arm's jobs: round r gives every arm (in an order rotated by r) the same
-    `block_size` prompts."""
+    `block_size` request numbers."""
     for r, first in enumerate(range(0, per_arm, block_size)):
         for j in range(num_arms):
             arm = (j + r) % num_arms
-            yield [(p % num_prompts, arm) for p in range(first, min(first + block_size, per_arm))]
+            yield [(n, arm) for n in range(first, min(first + block_size, per_arm))]
+
+
+def cache_salt(label: str, arm: Arm, n: int, num_prompts: int) -> str:
+    """A request's cache salt: its arm's, and its pass over the prompts'. Arms answer the same
+    prompts, and a prompt one arm just ran would else be cached whole for the next (and a prompt
+    asked again in a later pass): each reuses only the prefixes its own requests of the pass
+    share, as different requests do that share a chat template."""
+    return f"{label} {arm.name} pass {n // num_prompts}"
 
 
 async def closed_loop(
@@ -310,13 +319,15 @@ class LoadGenerator:
         task = progress.add_task("warm-up", total=total)
 
         async def one(job: Job) -> None:
-            prompt = prompts[job[0]]
-            await self._timed(send, prompt, cfg.arms[job[1]].params(prompt, cfg.temperature, self._seed(job[0])))
+            n, arm = job[0], cfg.arms[job[1]]
+            p = n % len(prompts)
+            salt = cache_salt("warm-up", arm, n, len(prompts))
+            await self._timed(send, prompts[p], arm.params(prompts[p], cfg.temperature, self._seed(p), salt))
             progress.advance(task)
 
         concurrency = max((load.concurrency or 1) for load in cfg.loads)
         deadline = time.monotonic() + cfg.duration
-        await closed_loop(interleaved(len(prompts), len(cfg.arms), cfg.warmup), one, concurrency, deadline)
+        await closed_loop(interleaved(len(cfg.arms), cfg.warmup), one, concurrency, deadline)
 
     async def _level(self, send: Send, workload: str, load: Load, progress) -> LevelResult:
         cfg = self.config
@@ -328,9 +339,10 @@ class LoadGenerator:
         level_start = time.perf_counter()
 
         async def one(job: Job) -> None:
-            p, a = job
-            prompt, arm = prompts[p], arms[a]
-            record = await self._timed(send, prompt, arm.params(prompt, cfg.temperature, self._seed(p)))
+            n, arm = job[0], arms[job[1]]
+            p = n % len(prompts)
+            prompt, salt = prompts[p], cache_salt(label, arm, n, len(prompts))
+            record = await self._timed(send, prompt, arm.params(prompt, cfg.temperature, self._seed(p), salt))
             sent.append(Sent(arm.name, p, prompt.kind, record))
             progress.update(task, advance=1, description=f"{label}  {self._live(sent, load, level_start)}")
 
@@ -352,7 +364,7 @@ class LoadGenerator:
         try:
             if cfg.interleave == "block":
                 size = cfg.block_size or (2 * load.concurrency if load.concurrency is not None else 4)
-                for block in blocks(len(prompts), len(arms), cfg.num_requests, size):
+                for block in blocks(len(arms), cfg.num_requests, size):
                     if time.monotonic() >= deadline:
                         break
                     start = time.perf_counter()
@@ -360,7 +372,7 @@ class LoadGenerator:
                     name = arms[block[0][1]].name
                     arm_seconds[name] = arm_seconds.get(name, 0.0) + time.perf_counter() - start
             else:
-                await run(interleaved(len(prompts), len(arms), cfg.num_requests))
+                await run(interleaved(len(arms), cfg.num_requests))
         finally:
             stop.set()
             await sampling

@@ -46,6 +46,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     end_id: int | None = None
     sequence_key: str = ""  # "" = keep nothing after the call
+    cache_salt: str = ""  # reuse only prefixes that requests of this salt left (kv_slots.py)
     return_logits: bool = False
     return_guess: bool = False  # guess the token after the last new one (needs the engine's guess head)
 
@@ -130,14 +131,17 @@ class Engine:
         lock_file: str | Path | None = None,
         guess_head: str | Path | None = None,
         guess_margin: float = GUESS_MARGIN,
+        kv_cache_reuse: bool = True,
     ):
+        """kv_cache_reuse: a new sequence reuses the keys/values of a prefix that an ended one
+        left in its slot (kv_slots.py)."""
         dtype = resolve_dtype(dtype, device)
         _set_threads(threads)
         self.forward_lock = ForwardLock(lock_file)
         self.model = Llama(Path(model_dir), device=device, dtype=dtype)
         self.max_seq_len = min(max_seq_len, self.model.cfg.max_position_embeddings)
         self.cache = self.model.new_cache(kv_slots, self.max_seq_len)
-        self.slots = SlotTable(kv_slots)
+        self.slots = SlotTable(kv_slots, share_prefixes=kv_cache_reuse)
         self.vocab_size = self.model.cfg.vocab_size
         self.device = self.model.device
         self.guess_head = GuessHead(guess_head, self.model, guess_margin) if guess_head else None
@@ -172,7 +176,7 @@ class Engine:
         controller plans by. Uses a free slot and leaves it free."""
         context = max(0, min(CALIBRATION_CONTEXT, self.max_seq_len - max(rows) - 1))
         rows = tuple(r for r in rows if context + r < self.max_seq_len)
-        slot, _, key = self.slots.acquire("", np.zeros(1, dtype=np.int64), set())
+        slot, _, key, _ = self.slots.acquire("", np.zeros(1, dtype=np.int64), set())
         seconds = [math.inf] * len(rows)
 
         def forward_args(positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -210,10 +214,14 @@ class Engine:
         for i, req in enumerate(requests):
             try:
                 self._validate(req)
-                slot, reused, key = self.slots.acquire(req.sequence_key, np.asarray(req.input_ids), busy)
+                slot, reused, key, copy_from = self.slots.acquire(
+                    req.sequence_key, np.asarray(req.input_ids), busy, req.cache_salt
+                )
             except (RequestError, CacheFullError) as err:
                 results[i] = err
                 continue
+            if copy_from is not None:
+                self.cache.copy_prefix(copy_from, slot, reused)
             busy.add(slot)
             ids = np.asarray(req.input_ids).tolist()
             seqs.append(_Seq(i, req, slot, key, reused, ids, cached=reused))

@@ -222,6 +222,17 @@ class KVCache:
         cos, sin = rope_tables(cfg, max_len)
         self.cos, self.sin = cos.to(device), sin.to(device)
 
+    def copy_prefix(self, source: int, slot: int, length: int) -> None:
+        """Slot `slot`'s keys/values of positions 0..length-1 become slot `source`'s. In every
+        layout a slot's positions ascend along its third axis, in blocks of equal size: the
+        blocks that hold those positions are copied whole, and the positions after them that a
+        block also holds are written by the sequence before it reads them (and until then are
+        finite, as attention needs: see above)."""
+        for t in (self.k, self.v):
+            blocks = t.shape[3]
+            count = min(blocks, length * blocks // self.max_len + 1)
+            t[:, slot, :, :count] = t[:, source, :, :count]
+
 
 def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if device.type != "cpu":

@@ -44,16 +44,20 @@ class TritonPythonModel:
         labels = {"model": json.loads(args["model_config"])["name"]}
         # a MetricFamily must outlive its metrics: keep both
         self.families = [
-            pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.GAUGE)
-            for name, doc in (
-                ("specdec_kv_slots_in_use", "KV cache slots held by live sequences"),
-                ("specdec_kv_slots_total", "KV cache slots"),
+            pb_utils.MetricFamily(name=name, description=doc, kind=kind)
+            for name, doc, kind in (
+                ("specdec_kv_slots_in_use", "KV cache slots held by live sequences", pb_utils.MetricFamily.GAUGE),
+                ("specdec_kv_slots_total", "KV cache slots", pb_utils.MetricFamily.GAUGE),
+                ("specdec_kv_reused_prefix_tokens_total",
+                 "Prompt tokens whose keys/values a new request reused from an ended one's prefix",
+                 pb_utils.MetricFamily.COUNTER),
             )
-        ]
-        self.slots_in_use, slots_total = (family.Metric(labels=labels) for family in self.families)
+        ]  # fmt: skip
+        self.slots_in_use, slots_total, self.reused_prefix = (family.Metric(labels=labels) for family in self.families)
         slots_total.set(options["kv_slots"])
         self.slots_total = slots_total
         self.slots_reported = None
+        self.reused_reported = 0
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -90,9 +94,13 @@ class TritonPythonModel:
 
     def _report_slots(self):
         # a metric update is a blocking round trip to the Triton process: only on a change
-        if self.engine.slots.in_use != self.slots_reported:
-            self.slots_reported = self.engine.slots.in_use
+        slots = self.engine.slots
+        if slots.in_use != self.slots_reported:
+            self.slots_reported = slots.in_use
             self.slots_in_use.set(self.slots_reported)
+        if slots.shared_tokens != self.reused_reported:
+            self.reused_prefix.increment(slots.shared_tokens - self.reused_reported)
+            self.reused_reported = slots.shared_tokens
 
     def _write_cost(self):
         """Fold the forwards run since the last write into the cost table and publish it (an
