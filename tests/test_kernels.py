@@ -310,3 +310,26 @@ def test_bf16_forward_is_close_to_float32(tiny_target, tmp_path, padded, bf16_op
     bf16.forward(cache, tokens[:5], torch.arange(5), slot[:5], torch.tensor([4]))
     assert torch.equal(bf16.forward(cache, tokens[5:], torch.arange(5, 8), slot[5:], torch.arange(3)), a[5:])
     assert torch.equal(bf16.forward(cache, tokens[7:], torch.arange(7, 8), slot[7:], torch.arange(1)), a[7:])
+
+
+@pytest.mark.parametrize("ops", [CpuOps, TorchOps, *BF16_OPS_PARAMS])
+def test_a_copied_prefix_serves_as_the_prefill_it_came_from(tiny_target, ops):
+    """KVCache.copy_prefix in every layout: a sequence that starts from a prefix copied from
+    another slot gets the logits of one that prefilled it itself."""
+    model = Llama(tiny_target, ops=ops())
+    tokens = torch.randint(0, 96, (45,), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(3, 64)
+
+    def prefill(slot: int, start: int, rows: torch.Tensor) -> torch.Tensor:
+        n = len(rows)
+        positions = torch.arange(start, start + n)
+        return model.forward(cache, rows, positions, torch.full((n,), slot), torch.arange(n))
+
+    prefill(0, 0, torch.cat([tokens[:37], torch.tensor([5, 5, 5])]))  # another prompt after the prefix
+    cache.copy_prefix(0, 1, 37)
+    copied = prefill(1, 37, tokens[37:])
+    own = prefill(2, 0, tokens)[37:]
+    if ops is TorchOps:  # torch's products may round differently with the row count
+        torch.testing.assert_close(copied, own, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(copied, own)
