@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = profile.model_dir("target")
     tokenizer = TextTokenizer(model_dir)
     prompts = [
-        np.asarray(tokenizer.encode(tokenizer.chat_prompt(p.text) if p.apply_chat_template else p.text))
+        np.asarray(tokenizer.prompt_ids(p.text, p.apply_chat_template))
         for p in load_workload(args.workload, WorkloadOptions())
     ]
     engines = {

@@ -57,6 +57,10 @@ class TextTokenizer:
             eos_token=self.config.get("eos_token", ""),
         )
 
+    def prompt_ids(self, text: str, apply_chat_template: bool) -> list[int]:
+        """A request's prompt as the engine gets it: in the chat template, or as it is."""
+        return self.encode(self.chat_prompt(text) if apply_chat_template else text)
+
     def vocabulary(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)
 

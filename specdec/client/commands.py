@@ -95,9 +95,7 @@ def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload:
                           "run `specdec build` for this profile")  # fmt: skip
             return 2
         prompts = load_workload(workload, WorkloadOptions(max_tokens=max_tokens), tokenizer)[:num_prompts]
-        prompt_ids = [
-            tokenizer.encode(tokenizer.chat_prompt(p.text) if p.apply_chat_template else p.text) for p in prompts
-        ]
+        prompt_ids = [tokenizer.prompt_ids(p.text, p.apply_chat_template) for p in prompts]
 
         async def main() -> CheckReport:
             async with TritonClient(server.url) as client:

@@ -23,8 +23,7 @@ class TritonPythonModel:
     def _one(self, request):
         try:
             req = parse_preprocess(request_inputs(request), self.profile)
-            prompt = self.tokenizer.chat_prompt(req.text) if req.apply_chat_template else req.text
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.prompt_ids(req.text, req.apply_chat_template)
             check_context(len(ids), req.max_tokens, self.profile.engine.max_seq_len)
         except InvalidInput as err:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG))
