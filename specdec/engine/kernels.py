@@ -429,24 +429,38 @@ def bf16_cache_shapes(slots: int, kv_heads: int, max_len: int, head_dim: int) ->
 @njit(parallel=True, fastmath=_FAST, cache=True)
 def bf16_rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):  # pragma: no cover
     """rope_store into the bf16 cache (keys, values: int16 bits, one layer); a key's padding
-    features are written as zeros."""
+    features are written as zeros. Below PARALLEL_ROWS rows on this thread alone: split between
+    two, a verification's rows wrote the same cache lines of a key block (16 rows: 28-32 us a
+    layer, 18-20 on one thread), and starting the threads costs ~4 us."""
+    if qkv.shape[0] < PARALLEL_ROWS:
+        for m in range(qkv.shape[0]):
+            _bf16_rope_store_row(qkv, cos, sin, positions, slots, m, n_heads, n_kv_heads, q_out, keys, values)
+    else:
+        for m in prange(qkv.shape[0]):
+            _bf16_rope_store_row(qkv, cos, sin, positions, slots, m, n_heads, n_kv_heads, q_out, keys, values)
+
+
+@njit(fastmath=_FAST, inline="always")
+def _bf16_rope_store_row(qkv, cos, sin, positions, slots, m, n_heads, n_kv_heads, q_out, keys,
+                         values):  # pragma: no cover - compiled  # fmt: skip
     head_dim = q_out.shape[2]
     half, k_off, v_off = qkv_offsets(n_heads, n_kv_heads, head_dim)
-    for m in prange(qkv.shape[0]):
-        pos, s = positions[m], slots[m]
-        rotate_queries(qkv, m, pos, cos, sin, q_out)
-        block, lane = pos // KEY_BLOCK, pos % KEY_BLOCK
-        for g in range(n_kv_heads):
-            key = keys[s, g, block]
-            base = k_off + g * head_dim
-            for i in range(half):
-                lo, hi = rotated(qkv[m, base + i], qkv[m, base + half + i], cos[pos, i], sin[pos, i])
-                key[i // 2, lane, i % 2] = bf16(lo)
-                key[(half + i) // 2, lane, (half + i) % 2] = bf16(hi)
-            for i in range(head_dim, 2 * key.shape[0]):
-                key[i // 2, lane, i % 2] = 0
-            for i in range(head_dim):
-                values[s, g, pos // 2, i, pos % 2] = bf16(qkv[m, v_off + g * head_dim + i])
+    pos, s = positions[m], slots[m]
+    rotate_queries(qkv, m, pos, cos, sin, q_out)
+    block, lane = pos // KEY_BLOCK, pos % KEY_BLOCK
+    for g in range(n_kv_heads):
+        key = keys[s, g, block]
+        base = k_off + g * head_dim
+        for j in range(half // 2):  # features 2j, 2j + 1 and the two half a head on: two pairs
+            lo, hi = rotated(qkv[m, base + 2 * j], qkv[m, base + half + 2 * j], cos[pos, 2 * j], sin[pos, 2 * j])
+            lo_next, hi_next = rotated(qkv[m, base + 2 * j + 1], qkv[m, base + half + 2 * j + 1],
+                                       cos[pos, 2 * j + 1], sin[pos, 2 * j + 1])  # fmt: skip
+            key[j, lane, 0], key[j, lane, 1] = bf16(lo), bf16(lo_next)
+            key[half // 2 + j, lane, 0], key[half // 2 + j, lane, 1] = bf16(hi), bf16(hi_next)
+        for i in range(head_dim, 2 * key.shape[0]):
+            key[i // 2, lane, i % 2] = 0
+        for i in range(head_dim):
+            values[s, g, pos // 2, i, pos % 2] = bf16(qkv[m, v_off + g * head_dim + i])
 
 
 def _store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):
