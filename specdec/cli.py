@@ -54,7 +54,7 @@ def cmd_train_guess_head(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.build import build
-    from specdec.serve import Ports, TritonServer
+    from specdec.serve import Ports, TritonServer, supervise
 
     profile = load_profile(args.profile)
     s = profile.server
@@ -65,11 +65,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.no_build:
         build(profile)
     server = TritonServer(profile, host=host, ports=ports)
-    stopping = False
 
     def stop(signum, frame) -> None:
-        nonlocal stopping
-        stopping = True
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
@@ -81,12 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"[green]ready[/]  gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}\n"
             f"log: {server.log_file if not args.verbose else '(this terminal)'}   Ctrl-C stops"
         )
-        while server.process is not None and server.process.poll() is None:
-            server.process.wait(timeout=None)
-        if not stopping:
-            console.print(f"[red]tritonserver exited[/] ({server.process.returncode if server.process else '?'})")
-            console.print(server.log_tail())
-            return 1
+        return supervise(server, console.print)
     except KeyboardInterrupt:
         console.print("stopping...")
     finally:

@@ -287,6 +287,12 @@ class ServerOptions(_Strict):
     max_tokens_limit: Annotated[int, Field(ge=1)] = 4096
     max_stop_words: Annotated[int, Field(ge=0)] = 16
     max_stop_word_bytes: Annotated[int, Field(ge=1)] = 256
+    max_restarts: Annotated[int, Field(ge=0)] = Field(
+        3,
+        description="`specdec serve` starts tritonserver again when it dies, up to this many times within "
+        "restart_window_s (then it exits with 1, for the service manager); 0: exit at once",
+    )
+    restart_window_s: Annotated[float, Field(gt=0)] = 3600.0
 
     @field_validator("host")
     @classmethod

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +94,9 @@ class TritonServer:
         self.ports = ports or Ports(s.http_port, s.grpc_port, s.metrics_port)
         self.log_file = log_file or profile.build_path() / "logs" / "tritonserver.log"
         self.process: subprocess.Popen | None = None
+        self.foreground_log = False
+        # the Python backend's shared-memory regions: a killed server leaves them in /dev/shm
+        self.shared_memory: set[Path] = set()
 
     @property
     def http_url(self) -> str:
@@ -143,6 +148,7 @@ class TritonServer:
     def start(self, foreground_log: bool = False) -> TritonServer:
         install = find_triton(self.profile.build_path())
         drain_path(self.profile.build_path()).unlink(missing_ok=True)  # a crash may have left one
+        self.foreground_log = foreground_log
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         out = None if foreground_log else open(self.log_file, "wb")  # noqa: SIM115 - closed in stop()
         self._log_handle = out
@@ -163,6 +169,7 @@ class TritonServer:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
             with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
+                    self.shared_memory = mapped_shared_memory(self.process.pid) if self.process else set()
                     return
             time.sleep(0.5)
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s\n{self.log_tail()}")
@@ -209,9 +216,19 @@ class TritonServer:
             # stubs left behind by a crash or a kill share the server's process group
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        for region in self.shared_memory:  # gone already unless the server died
+            region.unlink(missing_ok=True)
+        self.shared_memory = set()
         if getattr(self, "_log_handle", None):
             self._log_handle.close()
             self._log_handle = None
+
+    def keep_log(self) -> Path | None:
+        """Move a stopped server's log aside (a restart would overwrite it); its new name."""
+        if self.foreground_log or not self.log_file.is_file():
+            return None
+        kept = self.log_file.with_name(f"{self.log_file.stem}-{time.strftime('%Y%m%d-%H%M%S')}{self.log_file.suffix}")
+        return self.log_file.rename(kept)
 
     def __enter__(self) -> TritonServer:
         if self.process is None:
@@ -225,6 +242,52 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def mapped_shared_memory(pid: int) -> set[Path]:
+    """The files of /dev/shm that process `pid` has mapped."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # gone, or not Linux
+        return set()
+    return {Path(p) for line in maps.splitlines() if (p := line.split(maxsplit=5)[-1]).startswith("/dev/shm/")}
+
+
+def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
+    """Wait on a ready server and start it again each time it dies, at most `max_restarts` times
+    within `restart_window_s` (server options). Returns only when it gives up: 1. A stop (SIGTERM,
+    Ctrl-C) reaches the caller as KeyboardInterrupt.
+
+    A restart starts clean: the dead server's stubs are killed with its process group, its
+    shared memory is unlinked, its log is kept under a dated name. Requests it was serving fail
+    (clients see UNAVAILABLE); the new server serves from its first ready."""
+    options = server.profile.server
+    restarts: deque[float] = deque()  # when each happened
+    while True:
+        assert server.process is not None
+        code = server.process.wait()
+        say(f"[red]tritonserver exited[/] ({code})\n{server.log_tail()}")
+        now = time.monotonic()
+        while restarts and now - restarts[0] > options.restart_window_s:
+            restarts.popleft()
+        if len(restarts) >= options.max_restarts:
+            say(
+                f"[red]not restarting[/]: {len(restarts)} restart(s) in the last {options.restart_window_s:.0f} s "
+                f"(server.max_restarts {options.max_restarts})"
+            )
+            return 1
+        restarts.append(now)
+        server.stop()
+        kept = server.keep_log()
+        window = f"{len(restarts)} of {options.max_restarts} within {options.restart_window_s:.0f} s"
+        say(f"restarting tritonserver ({window})" + (f"; the log of the one that died: {kept}" if kept else ""))
+        server.start(foreground_log=server.foreground_log)
+        try:
+            server.wait_ready()
+        except ServerError as err:
+            say(f"[red]the restarted tritonserver did not become ready[/]: {err}")
+            return 1
+        say(f"[green]ready again[/]  gRPC {server.grpc_url}  HTTP {server.http_url}")
 
 
 @contextlib.contextmanager

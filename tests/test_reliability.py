@@ -1,5 +1,5 @@
 """What production throws at the server: cancellations, a failing draft, overload, random and
-hostile input, SIGTERM under load. Every test runs against a real tritonserver on 127.0.0.1 and
+hostile input, tritonserver dying, SIGTERM under load. Every test runs against a real tritonserver on 127.0.0.1 and
 is bounded in requests and time."""
 
 from __future__ import annotations
@@ -213,21 +213,24 @@ def test_random_requests_get_a_generation_or_a_clear_refusal(server, body):
         assert ready.status == 200
 
 
-# --- shutdown ------------------------------------------------------------------------------------------
-def test_sigterm_to_specdec_serve_under_load_drains_and_leaves_nothing(embedded_profile, smollm_dir, tmp_path):
-    """`specdec serve` as a user runs it; SIGTERM while 6 streams generate: they finish (or stop
-    with UNAVAILABLE) within the drain bound, the server exits 0, and no stub process or shared
-    memory segment is left."""
+# --- a dead server, shutdown -------------------------------------------------------------------------
+def test_specdec_serve_restarts_a_dead_tritonserver_and_drains_on_sigterm(embedded_profile, smollm_dir, tmp_path):
+    """`specdec serve` as a user runs it. tritonserver killed: serve starts a new one, which
+    serves, and the dead one's stubs and shared memory are gone, its log kept. Then SIGTERM while
+    6 streams generate: they finish (or stop with UNAVAILABLE) within the drain bound, the server
+    exits 0, and no stub process or shared memory segment is left."""
     import subprocess
     import sys
 
     import yaml
 
-    from specdec.serve import free_port
+    from specdec.serve import free_port, mapped_shared_memory
 
     profile = variant_profile(embedded_profile, smollm_dir, "reliability-shutdown")
     profile_file = tmp_path / "profile.yaml"
     profile_file.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
+    for old_log in (profile.build_path() / "logs").glob("tritonserver-*.log"):
+        old_log.unlink()
     ports = [free_port() for _ in range(3)]
     shm_before = set(os.listdir("/dev/shm"))
     serve = subprocess.Popen(
@@ -237,7 +240,18 @@ def test_sigterm_to_specdec_serve_under_load_drains_and_leaves_nothing(embedded_
     try:
         ready = f"http://127.0.0.1:{ports[0]}/v2/health/ready"
         assert wait_for(lambda: _ok(ready), timeout=120), "specdec serve did not become ready"
-        server_pid = next(c.pid for c in psutil.Process(serve.pid).children() if "tritonserver" in c.name())
+        dead_pid = _tritonserver_of(serve.pid)
+        dead_stubs = psutil.Process(dead_pid).children(recursive=True)
+        dead_regions = mapped_shared_memory(dead_pid)
+        assert dead_stubs and dead_regions
+        os.kill(dead_pid, signal.SIGKILL)
+        assert wait_for(lambda: _tritonserver_of(serve.pid) not in (None, dead_pid) and _ok(ready), timeout=120)
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in dead_stubs)
+        assert not any(region.exists() for region in dead_regions)
+        kept_logs = list((profile.build_path() / "logs").glob("tritonserver-*.log"))
+        assert any("Started GRPCInferenceService" in log.read_text() for log in kept_logs)
+
+        server_pid = _tritonserver_of(serve.pid)
         stubs = psutil.Process(server_pid).children(recursive=True)
 
         async def load():
@@ -261,6 +275,68 @@ def test_sigterm_to_specdec_serve_under_load_drains_and_leaves_nothing(embedded_
     assert wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in stubs), timeout=10)
     leftover = {f for f in set(os.listdir("/dev/shm")) - shm_before if "triton" in f}
     assert not leftover, f"shared memory left behind: {leftover}"
+
+
+class _DyingServer:
+    """Stands in for TritonServer in supervise(): each start runs a process that lives
+    `lifetime` seconds; the start after `stop_after` starts is a SIGTERM."""
+
+    grpc_url = http_url = "-"
+    foreground_log = False
+
+    def __init__(self, max_restarts: int, window_s: float, lifetime: float, stop_after: int = 1000):
+        from specdec.config import load_profile
+
+        profile = load_profile()
+        options = profile.server.model_copy(update={"max_restarts": max_restarts, "restart_window_s": window_s})
+        self.profile = profile.model_copy(update={"server": options})
+        self.lifetime, self.stop_after, self.starts = lifetime, stop_after, 0
+        self.process = None
+        self.start()
+
+    def start(self, foreground_log: bool = False) -> None:
+        import subprocess
+        import sys
+
+        if self.starts == self.stop_after:
+            raise KeyboardInterrupt
+        self.starts += 1
+        self.process = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({self.lifetime})"])
+
+    def wait_ready(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def keep_log(self) -> None:
+        return None
+
+    def log_tail(self) -> str:
+        return ""
+
+
+def test_supervise_gives_up_after_max_restarts_within_the_window():
+    from specdec.serve import supervise
+
+    said: list[str] = []
+    server = _DyingServer(max_restarts=2, window_s=3600, lifetime=0)
+    assert supervise(server, said.append) == 1
+    assert server.starts == 3
+    assert "not restarting" in said[-1] and "server.max_restarts 2" in said[-1]
+
+
+def test_supervise_forgets_restarts_older_than_the_window():
+    from specdec.serve import supervise
+
+    server = _DyingServer(max_restarts=1, window_s=0.2, lifetime=0.4, stop_after=4)
+    with pytest.raises(KeyboardInterrupt):
+        supervise(server, lambda _: None)
+    assert server.starts == 4
+
+
+def _tritonserver_of(pid: int) -> int | None:
+    return next((c.pid for c in psutil.Process(pid).children() if "tritonserver" in c.name()), None)
 
 
 def _ok(url: str) -> bool:
