@@ -223,12 +223,18 @@ class TritonServer:
             self._log_handle.close()
             self._log_handle = None
 
-    def keep_log(self) -> Path | None:
-        """Move a stopped server's log aside (a restart would overwrite it); its new name."""
-        if self.foreground_log or not self.log_file.is_file():
-            return None
-        kept = self.log_file.with_name(f"{self.log_file.stem}-{time.strftime('%Y%m%d-%H%M%S')}{self.log_file.suffix}")
-        return self.log_file.rename(kept)
+    def restart(self) -> Path | None:
+        """Stop what is left of the server (its stubs, its shared memory), start it again and
+        wait until it is ready. The old log is kept under a dated name, returned (None: the log
+        went to the terminal)."""
+        self.stop()
+        kept = None
+        if not self.foreground_log and self.log_file.is_file():
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            kept = self.log_file.rename(self.log_file.with_name(f"{self.log_file.stem}-{stamp}{self.log_file.suffix}"))
+        self.start(foreground_log=self.foreground_log)
+        self.wait_ready()
+        return kept
 
     def __enter__(self) -> TritonServer:
         if self.process is None:
@@ -258,9 +264,9 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
     within `restart_window_s` (server options). Returns only when it gives up: 1. A stop (SIGTERM,
     Ctrl-C) reaches the caller as KeyboardInterrupt.
 
-    A restart starts clean: the dead server's stubs are killed with its process group, its
-    shared memory is unlinked, its log is kept under a dated name. Requests it was serving fail
-    (clients see UNAVAILABLE); the new server serves from its first ready."""
+    A restart starts clean (TritonServer.restart): the dead server's stubs are killed with its
+    process group, its shared memory is unlinked, its log is kept under a dated name. Requests
+    it was serving fail (clients see UNAVAILABLE); the new server serves from its first ready."""
     options = server.profile.server
     restarts: deque[float] = deque()  # when each happened
     while True:
@@ -277,17 +283,14 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
             )
             return 1
         restarts.append(now)
-        server.stop()
-        kept = server.keep_log()
-        window = f"{len(restarts)} of {options.max_restarts} within {options.restart_window_s:.0f} s"
-        say(f"restarting tritonserver ({window})" + (f"; the log of the one that died: {kept}" if kept else ""))
-        server.start(foreground_log=server.foreground_log)
+        say(f"restarting tritonserver ({len(restarts)} of {options.max_restarts} in {options.restart_window_s:.0f} s)")
         try:
-            server.wait_ready()
+            kept = server.restart()
         except ServerError as err:
             say(f"[red]the restarted tritonserver did not become ready[/]: {err}")
             return 1
-        say(f"[green]ready again[/]  gRPC {server.grpc_url}  HTTP {server.http_url}")
+        say(f"[green]ready again[/]  gRPC {server.grpc_url}  HTTP {server.http_url}"
+            + (f"   the log of the one that died: {kept}" if kept else ""))  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -83,6 +83,20 @@ def test_exp_is_within_a_few_ulp_of_exp_and_stays_finite():
     assert np.all(got[x < -87] <= np.exp(np.float32(-86.9))) and np.all(got[x > 88] >= np.exp(np.float32(87.9)))
 
 
+def test_exp_of_a_nonpositive_number_is_exp_bit_for_bit():
+    x = np.concatenate([-np.geomspace(1e-30, 1e30, 20001, dtype=np.float32), np.float32([0, -0.0, -87, -87.5])])
+    got = np.array([kernels._exp_nonpositive(v) for v in x], dtype=np.float32)
+    assert np.array_equal(got, np.array([kernels._exp(v) for v in x], dtype=np.float32))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 33, 351])
+def test_row_max_is_the_maximum_of_the_row_prefix(rng, n):
+    row = (rng.standard_normal(400) * 10).astype(np.float32)
+    for values in (row, -np.abs(row), np.abs(row), np.float32([-0.0, 0.0] * 200), np.full(400, -np.inf, np.float32)):
+        got = kernels.row_max(values, n)
+        assert np.float32(got) == values[:n].max()
+
+
 def test_swiglu_is_silu_of_the_gate_times_up(data):
     gate_up = data["x"][:7, :96] * 4  # gates well into both tails of the sigmoid
     out = np.empty((7, 48), np.float32)

@@ -303,14 +303,8 @@ class _DyingServer:
         self.starts += 1
         self.process = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({self.lifetime})"])
 
-    def wait_ready(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def keep_log(self) -> None:
-        return None
+    def restart(self) -> None:
+        self.start()
 
     def log_tail(self) -> str:
         return ""

@@ -43,8 +43,8 @@ from specdec.engine.kernels import (
     _row_blocks,
     bf16,
     bf16_rope_store,
+    bf16_softmax_numerators,
     rmsnorm,
-    softmax_numerators,
     swiglu,
 )
 
@@ -279,9 +279,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
         inv = np.empty(n_q, dtype=np.float32)  # 1 / each softmax's sum, applied to its output
         for r in range(n_q):
             own = positions[m0 + r // group] + 1
-            inv[r] = np.float32(1.0) / softmax_numerators(scores[r], own)
-            for t in range(own):
-                p[r, t] = bf16(scores[r, t])
+            inv[r] = np.float32(1.0) / bf16_softmax_numerators(scores[r], own, p[r])
             _zero_from(p[r], own)
         # the last block's positions from `length` on may hold anything (NaN times 0 is NaN):
         # it goes through a copy with zeros there
