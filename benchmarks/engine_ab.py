@@ -12,7 +12,10 @@ the two and whether every greedy choice stays. Any revision whose Llama has this
 forward(cache, tokens, positions, slots, logit_rows) can be the base, whatever its kernels.
 --dtype sets this tree's engine dtype, --base-dtype the base's (both float32 by default): `--base
 HEAD --dtype bfloat16` compares the two CPU engines of this build, `--base REV --dtype bfloat16
---base-dtype bfloat16` two builds' bf16 engines.
+--base-dtype bfloat16` two builds' bf16 engines. --attention times the AMX engine's attention
+(amx.attention, one layer, over the same cache and cases; random queries, the same in both; a
+case's time the median of ATTENTION_CALLS calls) in place of whole forwards, and compares its
+outputs over the prompt.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from specdec.config import load_profile
 from specdec.progress import console, progress_bar
 
 PROMPT = 250
+ATTENTION_CALLS = 20  # a case's time with --attention: the median of this many calls
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -50,9 +54,10 @@ def cases(prompt):
     return out
 
 
-def worker(model_dir: str, dtype: str) -> None:
-    """Answers each line of stdin: a case name -> its forward's seconds; "logits" -> the logits
-    of every position of the prompt (.npy bytes, hex)."""
+def worker(model_dir: str, dtype: str, attention: bool) -> None:
+    """Answers each line of stdin: a case name -> its forward's (or attention's) seconds;
+    "logits" -> the logits of every position of the prompt (or attention's outputs over it) as
+    .npy bytes, hex."""
     import torch
 
     from specdec.engine.model import Llama
@@ -67,30 +72,55 @@ def worker(model_dir: str, dtype: str) -> None:
 
     for slot in range(16):
         forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), slot))
+    forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), 16))  # (the prefill case's keys, for attention)
+    run = layer_attention(model, cache) if attention else forward
     runs = cases(prompt)
     for inputs in runs.values():  # compile, or load from numba's cache
-        forward(*inputs)
+        run(*inputs)
     print(json.dumps(list(runs)), flush=True)
     for line in sys.stdin:
         name = line.strip()
         if name == "logits":
             every = torch.arange(PROMPT)
             buffer = io.BytesIO()
-            np.save(buffer, forward(prompt, every, torch.full((PROMPT,), 16), every).numpy())
+            np.save(buffer, np.asarray(run(prompt, every, torch.full((PROMPT,), 16), every)))
             print(buffer.getvalue().hex(), flush=True)
-        else:
-            start = time.perf_counter()
-            forward(*runs[name])
-            print(time.perf_counter() - start, flush=True)
+        else:  # attention alone: the median of several calls, each far shorter than a forward
+            times = []
+            for _ in range(ATTENTION_CALLS if attention else 1):
+                start = time.perf_counter()
+                run(*runs[name])
+                times.append(time.perf_counter() - start)
+            print(statistics.median(times), flush=True)
+
+
+def layer_attention(model, cache):
+    """run(tokens, positions, slots, logit_rows=None) -> the first layer's attention over the
+    cache for len(tokens) rows of seeded random queries (amx.attention: the AMX engine's)."""
+    from specdec.engine import amx
+    from specdec.engine.ops import CpuBf16Ops, _numpy
+
+    if not isinstance(model.ops, CpuBf16Ops):
+        raise SystemExit(f"--attention: the AMX engine's attention; this engine's ops are {type(model.ops).__name__}")
+    keys, values = _numpy(cache.k)[0], _numpy(cache.v)[0]
+    heads, head_dim = model.cfg.num_attention_heads, model.cfg.head_dim
+    queries = np.random.default_rng(0).standard_normal((PROMPT, heads, head_dim), dtype=np.float32)
+
+    def run(tokens, positions, slots, logit_rows=None):
+        out = np.empty((len(tokens), heads * head_dim), dtype=np.float32)
+        amx.attention(queries[: len(tokens)], keys, values, slots.numpy(), positions.numpy(), out)
+        return out
+
+    return run
 
 
 class Worker:
-    def __init__(self, source: Path, model_dir: Path, dtype: str = "float32"):
+    def __init__(self, source: Path, model_dir: Path, dtype: str = "float32", attention: bool = False):
         # libgomp's threads spin a while after each parallel region: in the waiting process they
         # would spin into the other one's forward
         env = {"GOMP_SPINCOUNT": "10000", **os.environ, "PYTHONPATH": str(source)}
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(model_dir), "--dtype", dtype],
+            [sys.executable, __file__, "--worker", str(model_dir), "--dtype", dtype, *["--attention"] * attention],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=source,
         )  # fmt: skip
         self.cases = json.loads(self.process.stdout.readline())
@@ -111,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="this tree's engine dtype")
     ap.add_argument("--base-dtype", default="float32", choices=["float32", "bfloat16"], help="the base's")
+    ap.add_argument("--attention", action="store_true", help="time the AMX engine's attention, not forwards")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.dtype)
+        worker(args.worker, args.dtype, args.attention)
         return 0
     if not args.base:
         ap.error("--base is required")
@@ -126,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True)  # fmt: skip
         try:
             workers = {
-                "base": Worker(tree, profile.model_dir("target"), args.base_dtype),
-                "this tree": Worker(REPO, profile.model_dir("target"), args.dtype),
+                "base": Worker(tree, profile.model_dir("target"), args.base_dtype, args.attention),
+                "this tree": Worker(REPO, profile.model_dir("target"), args.dtype, args.attention),
             }
             seconds = {case: {name: [] for name in workers} for case in workers["base"].cases}
             with progress_bar() as bar:
@@ -143,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
 
+    what, unit, scale = ("the first layer's attention", "us", 1e6) if args.attention else ("forward", "ms", 1e3)
     lines = [
         f"The engine of this tree ({args.dtype}) against {args.base}'s ({args.base_dtype}), {args.pairs} pairs each, "
-        "forward ms (median):",
+        f"{what} {unit} (median):",
         "",
         "| forward | base | this tree | this tree / base, median of pairs |",
         "|---|---|---|---|",
@@ -153,12 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     for case, by in seconds.items():
         ratio = statistics.median(a / b for a, b in zip(by["this tree"], by["base"], strict=True))
         lines.append(
-            f"| {case} | {statistics.median(by['base']) * 1e3:.1f} | "
-            f"{statistics.median(by['this tree']) * 1e3:.1f} | {ratio:.3f} |"
+            f"| {case} | {statistics.median(by['base']) * scale:.1f} | "
+            f"{statistics.median(by['this tree']) * scale:.1f} | {ratio:.3f} |"
         )
     diff = float(np.abs(logits["this tree"] - logits["base"]).max())
-    same = bool((logits["this tree"].argmax(-1) == logits["base"].argmax(-1)).all())
-    lines += ["", f"Logits of a {PROMPT}-token prompt: largest difference {diff:.2e}; every argmax the same: {same}."]
+    if args.attention:
+        lines += ["", f"Attention over a {PROMPT}-token prompt: largest difference {diff:.2e}."]
+    else:
+        same = bool((logits["this tree"].argmax(-1) == logits["base"].argmax(-1)).all())
+        lines += [
+            "",
+            f"Logits of a {PROMPT}-token prompt: largest difference {diff:.2e}; every argmax the same: {same}.",
+        ]
     console.print("\n".join(lines))
     return 0
 
