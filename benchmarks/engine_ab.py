@@ -72,8 +72,10 @@ def worker(model_dir: str, dtype: str, attention: bool) -> None:
 
     for slot in range(16):
         forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), slot))
-    forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), 16))  # (the prefill case's keys, for attention)
-    run = layer_attention(model, cache) if attention else forward
+    run = forward
+    if attention:  # attention alone reads the prefill case's keys: the forward is not there to write them
+        forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), 16))
+        run = layer_attention(model, cache)
     runs = cases(prompt)
     for inputs in runs.values():  # compile, or load from numba's cache
         run(*inputs)
