@@ -80,7 +80,10 @@ def test_plain_decoding_through_the_server_matches_the_reference(server, prompt_
     assert any(len(ids) < n for ids, (_, n) in zip(reference, PROMPTS, strict=True))  # some stop at EOS
 
 
-@pytest.mark.parametrize(("method", "k"), list(itertools.product(["ngram", "draft_model"], [1, 3, 5, 8])))
+# a draft model case takes 20-40 s (a prompt lookup case 6-9 s): three of its draft lengths
+@pytest.mark.parametrize(
+    ("method", "k"), [*itertools.product(["ngram"], [1, 3, 5, 8]), *itertools.product(["draft_model"], [1, 4, 8])]
+)
 def test_greedy_speculation_is_exact(server, prompt_ids, reference, tokenizer, method, k):
     records = generate_all(server, prompt_ids, _params(k, method, tokenizer))
     for r, ref, (text, _) in zip(records, reference, PROMPTS, strict=True):
