@@ -15,6 +15,9 @@ served round costs beyond its forward in either arm (Triton's calls, the streame
 ms at one user on the 2-core development machines); plain decoding pays a step and the overhead
 a token. Against the policy: drafts of the profile's longest throughout, and the best static caps by the
 evidence a round drafts from (a draft the guess leads; the length of lookup's match), a grid.
+`--vary KNOB=V1,V2` also prices the controller with the profile's `speculation.adaptive.KNOB` at
+each value: tune the knobs on your own prompts, e.g. `--vary ema_alpha=0.02,0.1 --vary
+prior_weight=1,8`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 import numpy as np
 import torch
 from copy_bound import Sample, forward_times, generate
+from pydantic import ValidationError
 
 from specdec.build import build
 from specdec.client.machine import describe, summary_line
@@ -99,13 +103,43 @@ def replay(samples: list[Sample], options: AdaptiveOptions, ngram: NgramProposer
     return plain / spec, sum(len(s.output) for s in samples) / rounds
 
 
+def varied_options(base: AdaptiveOptions, vary: list[str]) -> list[tuple[str, AdaptiveOptions]]:
+    """('KNOB VALUE', the options with it) for each value of each `KNOB=V1,V2`; ValueError naming
+    the knob or value the profile's schema refuses."""
+    variants = []
+    for item in vary:
+        knob, _, values = item.partition("=")
+        if knob not in AdaptiveOptions.model_fields or not values:
+            raise ValueError(
+                f"--vary {item!r}: want KNOB=V1,V2 with KNOB one of {', '.join(AdaptiveOptions.model_fields)}"
+            )
+        for value in values.split(","):
+            try:
+                options = AdaptiveOptions.model_validate({**base.model_dump(), knob: value})
+            except ValidationError as err:
+                raise ValueError(f"--vary {knob}={value}: {err.errors()[0]['msg']}") from None
+            variants.append((f"{knob} {value}", options))
+    return variants
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="grounded", help="built-in workloads or .jsonl files, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--overhead-ms", type=float, default=6.0, help="a served round's cost beyond its forward")
+    ap.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KNOB=V1,V2",
+        help="also price the controller with speculation.adaptive's KNOB at each value (repeatable)",
+    )
     args = ap.parse_args(argv)
     profile = load_profile()
+    try:
+        variants = varied_options(profile.speculation.adaptive, args.vary)
+    except ValueError as err:
+        ap.error(str(err))
     build(profile)
     model_dir = profile.model_dir("target")
     options = profile.speculation.ngram
@@ -120,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     guess_s = guess_seconds(engine, next(iter(workloads.values()))[0])
     ngram = NgramProposer(options.min_n, options.max_n)
 
-    def price(samples: list[Sample], caps: Caps | None) -> tuple[float, float]:
-        return replay(samples, profile.speculation.adaptive, ngram, longest, step, guess_s, args.overhead_ms / 1e3,
-                      caps)  # fmt: skip
+    def price(samples: list[Sample], caps: Caps | None, options: AdaptiveOptions = profile.speculation.adaptive,
+              ) -> tuple[float, float]:  # fmt: skip
+        return replay(samples, options, ngram, longest, step, guess_s, args.overhead_ms / 1e3, caps)
 
     grid = [{GUESSED: g, 1: one} for g, one in itertools.product((1, 2, 3, 4, 6, longest), (4, 8, longest))]
     console.print(f"Machine: {summary_line(describe())}. Forward ms: 1 row {step[1] * 1e3:.1f}, {longest + 1} "
@@ -139,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| | drafts of up to {longest} | {fixed[0]:.3f}x | {fixed[1]:.2f} |",
             f"| | best caps of the grid ({named}) | {best[0]:.3f}x | {best[1]:.2f} |",
         ]
+        for name, options in variants:
+            speedup, per_round = price(samples, None, options)
+            lines.append(f"| | the controller, {name} | {speedup:.3f}x | {per_round:.2f} |")
     console.print("\n".join(lines))
     return 0
 
