@@ -141,7 +141,8 @@ class TritonServer:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         libs = [str(p) for p in install.library_dirs]
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
-        env.setdefault("NUMBA_CACHE_DIR", str(self.profile.build_path() / "numba_cache"))
+        # numba keeps its compiled kernels where it chooses (beside the engine's source, or the
+        # user's cache when that is read-only): one compile serves every profile, stub and test.
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         return env
 
