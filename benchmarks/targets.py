@@ -14,6 +14,10 @@
    same comparison for an A/A arm (prompt lookup's path with drafting off, `ngram:0`: the
    baseline's work) says how far two identical arms drift apart in this run, by chance and by
    the shared machine: the yardstick for a ratio near 1.
+Each ratio comes with a 95% interval (specdec.client.metrics.ratio_interval): a bootstrap over the
+cell's rounds, each round's requests of the two arms resampled together, so what a round's
+prompts and the machine's speed of the moment did to both stays paired. At C = 1 a round is one
+prompt for each arm; at C >= 8 a cell has four rounds, too few for an interval.
 The arms take turns in blocks of C requests on one server (specdec.client.loadgen), in a rotating
 order; each arm runs every prompt of the workload at least once and at least four blocks (eight
 requests at C = 1), so a figure speaks for the whole workload, not its first prompts. All texts
@@ -35,9 +39,9 @@ import sys
 from pathlib import Path
 
 from specdec.build import build
-from specdec.client.loadgen import BASELINE, Arm, BenchConfig, Load, level_summaries, run_bench
+from specdec.client.loadgen import BASELINE, Arm, BenchConfig, Load, level_summaries, paired_rounds, run_bench
 from specdec.client.machine import describe, summary_line
-from specdec.client.metrics import SLO, ArmSummary
+from specdec.client.metrics import SLO, ArmSummary, ratio_interval
 from specdec.client.report import same_text_as_baseline
 from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.config import load_profile
@@ -50,6 +54,7 @@ SAME_AS_BASELINE = Arm("ngram", 0)
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 VERIFY_PAIRS = 40  # 1-row / 5-row forward pairs behind the verification figure
 CELL_TRIES = 3
+MIN_ROUNDS = 8  # the fewest rounds a cell's 95% interval is given for
 
 
 def verification_cost(engine: Engine, pairs: int = VERIFY_PAIRS) -> dict[str, float]:
@@ -67,6 +72,10 @@ def verification_cost(engine: Engine, pairs: int = VERIFY_PAIRS) -> dict[str, fl
         "five_rows_s": min(five),
         "paired_median": statistics.median(f / o for f, o in zip(five, one, strict=True)),
     }
+
+
+def interval(bounds: tuple[float, float] | None) -> str:
+    return f"{bounds[0]:.2f}-{bounds[1]:.2f}x" if bounds else "-"
 
 
 def throughput_ratio(arm: ArmSummary, baseline: ArmSummary) -> float | None:
@@ -96,6 +105,10 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
     summaries = level_summaries(level, config.arms, SLO())
     base, spec, same_work = (summaries[arm.name] for arm in config.arms)
     same, total = same_text_as_baseline(level, ngram.name)
+    round_size = config.round_size(level.load)
+    spec_rounds, aa_rounds = (
+        paired_rounds(level, arm.name, BASELINE.name, round_size) for arm in (ngram, SAME_AS_BASELINE)
+    )
     return {
         "workload": role,
         "prompts": workload,
@@ -104,6 +117,9 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
         "ngram_tok_s": spec.output_throughput,
         "ratio": throughput_ratio(spec, base),
         "aa_ratio": throughput_ratio(same_work, base),
+        "rounds": len(spec_rounds[0]),
+        "ratio_interval": ratio_interval(*spec_rounds, min_units=MIN_ROUNDS),
+        "aa_ratio_interval": ratio_interval(*aa_rounds, min_units=MIN_ROUNDS),
         "baseline_tpot_p50_s": base.tpot.p50 if base.tpot else None,
         "ngram_tpot_p50_s": spec.tpot.p50 if spec.tpot else None,
         "acceptance": spec.acceptance_rate,
@@ -173,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
          f"{verify['five_rows_s'] / verify['one_row_s']:.2f}x ({verify['five_rows_s'] * 1e3:.1f} / "
          f"{verify['one_row_s'] * 1e3:.1f} ms); median of {VERIFY_PAIRS} interleaved pairs: "
          f"{verify['paired_median']:.2f}x", "<= 1.2x"),
-        ("prompt lookup, grounded, batch 1", f"{first['ratio']:.2f}x ({first['ngram_tok_s']:.1f} vs "
-         f"{first['baseline_tok_s']:.1f} tokens/s)", ">= 2.5x"),
+        ("prompt lookup, grounded, batch 1", f"{first['ratio']:.2f}x, 95% interval {interval(first['ratio_interval'])} "
+         f"over {first['rounds']} rounds ({first['ngram_tok_s']:.1f} vs {first['baseline_tok_s']:.1f} tokens/s); "
+         f"A/A arm {first['aa_ratio']:.2f}x ({interval(first['aa_ratio_interval'])})", ">= 2.5x"),
         ("lowest speculation / baseline throughput, c=" + ",".join(map(str, levels)),
          f"{worst['ratio']:.2f}x ({worst['workload']}, c={worst['concurrency']}); A/A arm: {min(aa):.2f}x to "
          f"{max(aa):.2f}x", ">= 0.97x"),
@@ -188,13 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"tritonserver restarts, cells run again: {', '.join(restarted) or 'none'}."]
     lines += [
         "",
-        "| workload | c | baseline tok/s | ngram tok/s | ratio | acceptance | same text | A/A ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | c | baseline tok/s | ngram tok/s | ratio (95% interval) | acceptance | same text "
+        "| A/A ratio (95% interval) | rounds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         acceptance = f"{r['acceptance']:.0%}" if r["acceptance"] is not None else "-"
         lines.append(f"| {r['workload']} | {r['concurrency']} | {r['baseline_tok_s']:.1f} | {r['ngram_tok_s']:.1f} | "
-                     f"{r['ratio']:.2f}x | {acceptance} | {r['same_text']} | {r['aa_ratio']:.2f}x |")  # fmt: skip
+                     f"{r['ratio']:.2f}x ({interval(r['ratio_interval'])}) | {acceptance} | {r['same_text']} | "
+                     f"{r['aa_ratio']:.2f}x ({interval(r['aa_ratio_interval'])}) | {r['rounds']} |")  # fmt: skip
+    lines += ["", f"The intervals: a paired bootstrap over a cell's rounds, none under {MIN_ROUNDS} rounds "
+              "(over fewer it understates the spread)."]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "targets.md").write_text("\n".join(lines) + "\n")
     (args.out / "targets.json").write_text(

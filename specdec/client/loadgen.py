@@ -148,6 +148,14 @@ class BenchConfig:
     temperature: float | None = None  # None: greedy
     seed: int = 0
     slo: SLO = field(default_factory=SLO)
+
+    def round_size(self, load: Load) -> int:
+        """Request numbers per round, the unit in which every arm answers the same prompts: a
+        block (block mode) or one request (request mode)."""
+        if self.interleave != "block":
+            return 1
+        return self.block_size or (2 * load.concurrency if load.concurrency is not None else 4)
+
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
 
 
@@ -156,6 +164,7 @@ class Sent:
     """One measured request."""
 
     arm: str
+    number: int  # the request's number within its arm: arms' requests of one number answer one prompt
     prompt: int  # index into the workload's prompts
     kind: str
     record: Record
@@ -263,6 +272,26 @@ def level_summaries(level: LevelResult, arms: Iterable[Arm], slo: SLO) -> dict[s
     return out
 
 
+def paired_rounds(
+    level: LevelResult, arm: str, baseline: str, round_size: int
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(output tokens, request seconds) of `arm` and of `baseline` in each round (`round_size`
+    request numbers) that both ran in full without an error: the paired units of
+    metrics.ratio_interval. Closed loop: throughput there is tokens over request seconds."""
+    rounds: dict[int, dict[str, list[Record]]] = {}
+    for s in level.requests:
+        if s.arm in (arm, baseline):
+            rounds.setdefault(s.number // round_size, {}).setdefault(s.arm, []).append(s.record)
+    arm_units, base_units = [], []
+    for by_arm in rounds.values():
+        a, b = by_arm.get(arm, []), by_arm.get(baseline, [])
+        if not a or len(a) != len(b) or any(r.error for r in a + b):
+            continue
+        arm_units.append((sum(r.num_output_tokens for r in a), sum(r.end - r.start for r in a)))
+        base_units.append((sum(r.num_output_tokens for r in b), sum(r.end - r.start for r in b)))
+    return arm_units, base_units
+
+
 class LoadGenerator:
     """Runs a BenchConfig against a server."""
 
@@ -343,7 +372,7 @@ class LoadGenerator:
             p = n % len(prompts)
             prompt, salt = prompts[p], cache_salt(label, arm, n, len(prompts))
             record = await self._timed(send, prompt, arm.params(prompt, cfg.temperature, self._seed(p), salt))
-            sent.append(Sent(arm.name, p, prompt.kind, record))
+            sent.append(Sent(arm.name, n, p, prompt.kind, record))
             progress.update(task, advance=1, description=f"{label}  {self._live(sent, load, level_start)}")
 
         before = scrape(self.metrics_url) if self.metrics_url else None
@@ -363,8 +392,7 @@ class LoadGenerator:
 
         try:
             if cfg.interleave == "block":
-                size = cfg.block_size or (2 * load.concurrency if load.concurrency is not None else 4)
-                for block in blocks(len(arms), cfg.num_requests, size):
+                for block in blocks(len(arms), cfg.num_requests, cfg.round_size(load)):
                     if time.monotonic() >= deadline:
                         break
                     start = time.perf_counter()

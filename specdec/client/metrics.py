@@ -192,6 +192,33 @@ def summarize(records: Sequence[Record], busy: float, slo: SLO | None = None) ->
     )
 
 
+def ratio_interval(
+    arm: Sequence[tuple[float, float]],
+    baseline: Sequence[tuple[float, float]],
+    confidence: float = 0.95,
+    resamples: int = 4000,
+    seed: int = 0,
+    min_units: int = 8,
+) -> tuple[float, float] | None:
+    """A paired percentile-bootstrap interval for the arm's throughput over the baseline's,
+    (sum of the arm's tokens / sum of its seconds) / (the baseline's), from units i that both
+    ran alike (rounds of the same requests): arm[i] and baseline[i] are (tokens, seconds).
+    Resampling whole pairs keeps what a unit's two halves share: its prompts, and the machine's
+    speed of the moment. None with fewer than `min_units`: over a handful of units the bootstrap
+    understates the spread."""
+    if len(arm) != len(baseline):
+        raise ValueError(f"{len(arm)} units of the arm against {len(baseline)} of the baseline")
+    if len(arm) < min_units:
+        return None
+    a, b = np.asarray(arm, dtype=np.float64), np.asarray(baseline, dtype=np.float64)  # (units, 2)
+    picks = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    a_sum, b_sum = a[picks].sum(axis=1), b[picks].sum(axis=1)  # (resamples, 2)
+    ratios = (a_sum[:, 0] / a_sum[:, 1]) / (b_sum[:, 0] / b_sum[:, 1])
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(ratios, [tail, 1 - tail])
+    return float(low), float(high)
+
+
 def speedup(baseline: ArmSummary, arm: ArmSummary) -> float | None:
     """Baseline mean end-to-end time over the arm's, on the same prompts under the same load."""
     if baseline.e2e is None or arm.e2e is None or arm.e2e.mean <= 0:
