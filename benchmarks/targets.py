@@ -15,9 +15,11 @@
    baseline's work) says how far two identical arms drift apart in this run, by chance and by
    the shared machine: the yardstick for a ratio near 1.
 Each ratio comes with a 95% interval (specdec.client.metrics.ratio_interval): a bootstrap over the
-cell's rounds, each round's requests of the two arms resampled together, so what a round's
-prompts and the machine's speed of the moment did to both stays paired. At C = 1 a round is one
-prompt for each arm; at C >= 8 a cell has four rounds, too few for an interval.
+cell's rounds, each round's requests of the two arms resampled together, so what the machine's
+speed of the moment did to both stays paired. A round holds its own prompts (at C = 1, one), so
+speculation's interval spans the spread between prompts too: what another set of prompts like
+these might give. The A/A arm's, whose halves do the same work on the same prompts, is the
+machine's noise alone. At C >= 8 a cell has four rounds, too few for an interval.
 The arms take turns in blocks of C requests on one server (specdec.client.loadgen), in a rotating
 order; each arm runs every prompt of the workload at least once and at least four blocks (eight
 requests at C = 1), so a figure speaks for the whole workload, not its first prompts. All texts

@@ -15,6 +15,8 @@ from specdec.client.client import Record, within
 from specdec.client.loadgen import (
     BASELINE,
     Arm,
+    BenchConfig,
+    BenchResult,
     LevelResult,
     Load,
     Sent,
@@ -39,6 +41,7 @@ from specdec.client.metrics import (
     stats,
     summarize,
 )
+from specdec.client.report import csv_row, rows
 from specdec.client.server_stats import delta, parse_prometheus, process_name, proposer_counters
 from specdec.client.workloads import WorkloadOptions, from_jsonl, load_workload, synthetic, with_typos
 
@@ -159,6 +162,25 @@ def test_ratio_interval_holds_an_exact_ratio_and_widens_with_noise():
     low, high = ratio_interval(noisy, base)
     point = (sum(t for t, _ in noisy) / sum(s for _, s in noisy)) / (sum(t for t, _ in base) / sum(s for _, s in base))
     assert low < point < high and 0.01 < high - low < 0.5
+
+
+def test_the_reports_speedup_carries_its_interval_over_the_levels_rounds():
+    """Closed loop at C = 1, rounds of 2 requests a arm: 8 rounds, in which the arm's requests take
+    half the baseline's time but for one slow round."""
+    requests = []
+    for n in range(16):
+        base_s = 2.0 + n % 3
+        arm_s = base_s / 2 if n // 2 != 5 else base_s
+        requests += [Sent("baseline", n, n % 4, "chat", record(0.0, [(0.1, 8, 0, 0, 0)], base_s)),
+                     Sent("ngram:3", n, n % 4, "chat", record(0.0, [(0.1, 8, 4, 2, 1)], arm_s))]  # fmt: skip
+    config = BenchConfig(arms=(BASELINE, Arm("ngram", 3)), loads=(Load(concurrency=1),), workloads=("chat",))
+    level = LevelResult("chat", Load(concurrency=1), 0.0, 60.0, requests, None, {}, {}, None)
+    base_row, arm_row = rows(BenchResult(config, {"chat": []}, [level], {}, 0.0))
+    assert base_row.speedup is None and base_row.speedup_interval is None and base_row.speedup_text == "-"
+    low, high = arm_row.speedup_interval
+    assert 1.0 < low < arm_row.speedup < high <= 2.0
+    assert arm_row.speedup_text == f"{arm_row.speedup:.2f}x ({low:.2f}-{high:.2f})"
+    assert csv_row(arm_row)["speedup_low"] == low
 
 
 def test_ratio_interval_covers_the_true_ratio_about_as_often_as_it_claims():

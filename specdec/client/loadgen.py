@@ -272,12 +272,17 @@ def level_summaries(level: LevelResult, arms: Iterable[Arm], slo: SLO) -> dict[s
     return out
 
 
+def output_tokens(record: Record) -> float:
+    return record.num_output_tokens
+
+
 def paired_rounds(
-    level: LevelResult, arm: str, baseline: str, round_size: int
-) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(output tokens, request seconds) of `arm` and of `baseline` in each round (`round_size`
-    request numbers) that both ran in full without an error: the paired units of
-    metrics.ratio_interval. Closed loop: throughput there is tokens over request seconds."""
+    level: LevelResult, arm: str, baseline: str, round_size: int, count: Callable[[Record], float] = output_tokens
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(what its requests count, their seconds) of `arm` and of `baseline` in each round
+    (`round_size` request numbers) that both ran in full without an error: the paired units of
+    metrics.ratio_interval. Counting output tokens, the ratio is closed-loop throughput's (tokens
+    over request seconds); counting requests, it is the speedup's (mean end-to-end times)."""
     rounds: dict[int, dict[str, list[Record]]] = {}
     for s in level.requests:
         if s.arm in (arm, baseline):
@@ -287,8 +292,8 @@ def paired_rounds(
         a, b = by_arm.get(arm, []), by_arm.get(baseline, [])
         if not a or len(a) != len(b) or any(r.error for r in a + b):
             continue
-        arm_units.append((sum(r.num_output_tokens for r in a), sum(r.end - r.start for r in a)))
-        base_units.append((sum(r.num_output_tokens for r in b), sum(r.end - r.start for r in b)))
+        arm_units.append((sum(map(count, a)), sum(r.end - r.start for r in a)))
+        base_units.append((sum(map(count, b)), sum(r.end - r.start for r in b)))
     return arm_units, base_units
 
 

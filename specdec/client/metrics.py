@@ -204,8 +204,9 @@ def ratio_interval(
     (sum of the arm's tokens / sum of its seconds) / (the baseline's), from units i that both
     ran alike (rounds of the same requests): arm[i] and baseline[i] are (tokens, seconds).
     Resampling whole pairs keeps what a unit's two halves share: its prompts, and the machine's
-    speed of the moment. None with fewer than `min_units`: over a handful of units the bootstrap
-    understates the spread."""
+    speed of the moment. Units of different prompts spread the interval by how differently the
+    prompts fare, as another set of prompts would. None with fewer than `min_units`: over a
+    handful of units the bootstrap understates the spread."""
     if len(arm) != len(baseline):
         raise ValueError(f"{len(arm)} units of the arm against {len(baseline)} of the baseline")
     if len(arm) < min_units:

@@ -19,9 +19,9 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
-from specdec.client.loadgen import BASELINE, BenchResult, LevelResult, Load, level_summaries
+from specdec.client.loadgen import BASELINE, BenchResult, LevelResult, Load, level_summaries, paired_rounds
 from specdec.client.machine import summary_line
-from specdec.client.metrics import ArmSummary, Stats, request_metrics, speedup, summarize
+from specdec.client.metrics import ArmSummary, Stats, ratio_interval, request_metrics, speedup, summarize
 from specdec.client.server_stats import proposer_counters
 
 MIB = 2**20
@@ -35,6 +35,15 @@ class Row:
     summary: ArmSummary
     speedup: float | None  # baseline mean end-to-end / this arm's; None for the baseline itself
     same_text: tuple[int, int]  # (outputs equal to the baseline's for the same prompt, outputs compared)
+    # the speedup's 95% interval, a paired bootstrap over the level's rounds; None: under 8 rounds
+    speedup_interval: tuple[float, float] | None = None
+
+    @property
+    def speedup_text(self) -> str:
+        if self.speedup is None:
+            return "-"
+        bounds = f" ({self.speedup_interval[0]:.2f}-{self.speedup_interval[1]:.2f})" if self.speedup_interval else ""
+        return f"{self.speedup:.2f}x{bounds}"
 
 
 def same_text_as_baseline(level: LevelResult, arm: str) -> tuple[int, int]:
@@ -47,6 +56,10 @@ def same_text_as_baseline(level: LevelResult, arm: str) -> tuple[int, int]:
     return sum(a == b for a, b in pairs), len(pairs)
 
 
+def one_request(_: object) -> float:
+    return 1.0
+
+
 def rows(result: BenchResult) -> list[Row]:
     cfg = result.config
     out = []
@@ -55,8 +68,13 @@ def rows(result: BenchResult) -> list[Row]:
         base = summaries.get(BASELINE.name)
         for arm in cfg.arms:
             s = summaries[arm.name]
-            gain = speedup(base, s) if base is not None and not arm.is_baseline else None
-            out.append(Row(level.workload, level.load, arm.name, s, gain, same_text_as_baseline(level, arm.name)))
+            gain, bounds = None, None
+            if base is not None and not arm.is_baseline:
+                gain = speedup(base, s)
+                units = paired_rounds(level, arm.name, BASELINE.name, cfg.round_size(level.load), count=one_request)
+                bounds = ratio_interval(*units)
+            same = same_text_as_baseline(level, arm.name)
+            out.append(Row(level.workload, level.load, arm.name, s, gain, same, bounds))
     return out
 
 
@@ -156,7 +174,12 @@ def to_json(result: BenchResult, machine: dict[str, object]) -> dict[str, object
                 "started": level.started,
                 "duration": level.duration,
                 "summary": {
-                    row.arm: asdict(row.summary) | {"speedup": row.speedup, "same_text_as_baseline": row.same_text}
+                    row.arm: asdict(row.summary)
+                    | {
+                        "speedup": row.speedup,
+                        "speedup_interval": row.speedup_interval,
+                        "same_text_as_baseline": row.same_text,
+                    }
                     for row in table
                     if row.workload == level.workload and row.load == level.load
                 },
@@ -212,6 +235,8 @@ def csv_row(row: Row) -> dict[str, object]:
         "mean_accepted_length": s.mean_accepted_length,
         "acceptance_per_position": " ".join(f"{x:.4f}" for x in s.acceptance_per_position),
         "speedup": row.speedup,
+        "speedup_low": row.speedup_interval[0] if row.speedup_interval else None,
+        "speedup_high": row.speedup_interval[1] if row.speedup_interval else None,
         "same_text_as_baseline": f"{row.same_text[0]}/{row.same_text[1]}",
     }
     return out
@@ -276,7 +301,7 @@ def markdown(result: BenchResult, machine: dict[str, object]) -> str:
                 "TPOT p50 / p99 ms",
                 "E2E p50 / p99 s",
                 *(["goodput req/s"] if cfg.slo.is_set else []),
-                "speedup",
+                "speedup (95% interval)",
                 "same text as baseline",
             ],
             [
@@ -292,7 +317,7 @@ def markdown(result: BenchResult, machine: dict[str, object]) -> str:
                     _ms(r.summary.tpot, "p50", "p99"),
                     _s(r.summary.e2e, "p50", "p99"),
                     *([_num(r.summary.goodput)] if cfg.slo.is_set else []),
-                    "-" if r.speedup is None else f"{r.speedup:.2f}x",
+                    r.speedup_text,
                     f"{r.same_text[0]}/{r.same_text[1]}",
                 ]
                 for r in table
@@ -425,7 +450,7 @@ def terminal_table(result: BenchResult) -> Table:
         table.add_row(
             *[r.workload] * several, r.load.label, r.arm, f"{s.output_throughput:.1f}", _ms(s.ttft, "p50"),
             _ms(s.tpot, "p50"), _s(s.e2e, "p50"), _pct(s.acceptance_rate),
-            "-" if r.speedup is None else f"{r.speedup:.2f}x", f"{r.same_text[0]}/{r.same_text[1]}",
+            r.speedup_text, f"{r.same_text[0]}/{r.same_text[1]}",
         )  # fmt: skip
     return table
 
@@ -497,10 +522,15 @@ def plot(result: BenchResult, out_dir: Path) -> list[Path]:
     for i, w in enumerate(workloads):
         for arm in cfg.arms:
             if not arm.is_baseline:
-                ax[0][i].plot(x, series(w, arm.name, lambda r: r.speedup or float("nan")), marker="o", label=arm.name)
+                gains = series(w, arm.name, lambda r: r.speedup or float("nan"))
+                low = series(w, arm.name, lambda r: r.speedup_interval[0] if r.speedup_interval else float("nan"))
+                high = series(w, arm.name, lambda r: r.speedup_interval[1] if r.speedup_interval else float("nan"))
+                below = [g - lo if lo == lo else 0.0 for g, lo in zip(gains, low, strict=True)]  # nan: no interval
+                above = [hi - g if hi == hi else 0.0 for g, hi in zip(gains, high, strict=True)]
+                ax[0][i].errorbar(x, gains, yerr=[below, above], marker="o", capsize=3, label=arm.name)
         ax[0][i].axhline(1.0, color="grey", lw=1)
         ax[0][i].set(
-            title=f"{w}: speedup over the baseline (mean end-to-end)",
+            title=f"{w}: speedup (mean end-to-end), 95% intervals",
             xlabel=xlabel,
             ylabel="x",
             xticks=x,
