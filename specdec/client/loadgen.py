@@ -148,6 +148,7 @@ class BenchConfig:
     temperature: float | None = None  # None: greedy
     seed: int = 0
     slo: SLO = field(default_factory=SLO)
+    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
 
     def round_size(self, load: Load) -> int:
         """Request numbers per round, the unit in which every arm answers the same prompts: a
@@ -155,8 +156,6 @@ class BenchConfig:
         if self.interleave != "block":
             return 1
         return self.block_size or (2 * load.concurrency if load.concurrency is not None else 4)
-
-    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
 
 
 @dataclass

@@ -200,9 +200,10 @@ def ratio_interval(
     seed: int = 0,
     min_units: int = 8,
 ) -> tuple[float, float] | None:
-    """A paired percentile-bootstrap interval for the arm's throughput over the baseline's,
-    (sum of the arm's tokens / sum of its seconds) / (the baseline's), from units i that both
-    ran alike (rounds of the same requests): arm[i] and baseline[i] are (tokens, seconds).
+    """A paired percentile-bootstrap interval for the arm's rate over the baseline's, (sum of
+    the arm's amounts / sum of its seconds) / (the baseline's), from units i that both ran alike
+    (rounds of the same requests): arm[i] and baseline[i] are (amount, seconds), the amount
+    output tokens for throughput, requests for the speedup of mean end-to-end times.
     Resampling whole pairs keeps what a unit's two halves share: its prompts, and the machine's
     speed of the moment. Units of different prompts spread the interval by how differently the
     prompts fare, as another set of prompts would. None with fewer than `min_units`: over a
