@@ -523,10 +523,8 @@ def plot(result: BenchResult, out_dir: Path) -> list[Path]:
         for arm in cfg.arms:
             if not arm.is_baseline:
                 gains = series(w, arm.name, lambda r: r.speedup or float("nan"))
-                low = series(w, arm.name, lambda r: r.speedup_interval[0] if r.speedup_interval else float("nan"))
-                high = series(w, arm.name, lambda r: r.speedup_interval[1] if r.speedup_interval else float("nan"))
-                below = [g - lo if lo == lo else 0.0 for g, lo in zip(gains, low, strict=True)]  # nan: no interval
-                above = [hi - g if hi == hi else 0.0 for g, hi in zip(gains, high, strict=True)]
+                below = series(w, arm.name, lambda r: r.speedup - r.speedup_interval[0] if r.speedup_interval else 0.0)
+                above = series(w, arm.name, lambda r: r.speedup_interval[1] - r.speedup if r.speedup_interval else 0.0)
                 ax[0][i].errorbar(x, gains, yerr=[below, above], marker="o", capsize=3, label=arm.name)
         ax[0][i].axhline(1.0, color="grey", lw=1)
         ax[0][i].set(
