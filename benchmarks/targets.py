@@ -23,10 +23,13 @@ machine's noise alone. At C >= 8 a cell has four rounds, too few for an interval
 The arms take turns in blocks of C requests on one server (specdec.client.loadgen), in a rotating
 order; each arm runs every prompt of the workload at least once and at least four blocks (eight
 requests at C = 1), so a figure speaks for the whole workload, not its first prompts. All texts
-are compared with the baseline's (greedy). Where tritonserver dies during a cell (the README's
-operations section: Triton's server#8882 under concurrent BLS load), it is restarted and the
-cell runs again from its start, at most CELL_TRIES times; the restarts are reported with the
-cells. Writes targets.md and targets.json.
+are compared with the baseline's (greedy). Where a workload's prompts carry a task label (`kind`:
+summarise, edit, qa, code in the grounded sets), each cell's speedup is also given by task: the
+grounded figure depends on the mix of tasks (copy-edits and code run far ahead of summaries and
+answers). Where tritonserver dies during a cell (the README's operations section: Triton's
+server#8882 under concurrent BLS load), it is restarted and the cell runs again from its start,
+at most CELL_TRIES times; the restarts are reported with the cells. Writes targets.md and
+targets.json.
 
 Held-out prompts: --grounded and --open take a .jsonl file each (one {"text": ...} object a line,
 as `specdec bench --workload`) in place of the built-in grounded and chat workloads.
