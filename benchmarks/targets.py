@@ -128,8 +128,8 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
         "baseline_tpot_p50_s": base.tpot.p50 if base.tpot else None,
         "ngram_tpot_p50_s": spec.tpot.p50 if spec.tpot else None,
         "acceptance": spec.acceptance_rate,
-        # where the workload's prompts carry a task label: how each task fares (the figure above
-        # depends on the mix of tasks)
+        # where the workload's prompts carry a task label: how each task fares (the workload's
+        # figure depends on its mix of tasks)
         "by_task": {t["kind"]: t["speedup"] for t in by_task(result) if t["arm"] == ngram.name},
         "same_text": f"{same}/{total}",
         "errors": len(result.errors),
