@@ -271,8 +271,13 @@ def level_summaries(level: LevelResult, arms: Iterable[Arm], slo: SLO) -> dict[s
     return out
 
 
+# what paired_rounds counts of a round's requests
 def output_tokens(record: Record) -> float:
     return record.num_output_tokens
+
+
+def one_request(_: Record) -> float:
+    return 1.0
 
 
 def paired_rounds(

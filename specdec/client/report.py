@@ -19,7 +19,15 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
-from specdec.client.loadgen import BASELINE, BenchResult, LevelResult, Load, level_summaries, paired_rounds
+from specdec.client.loadgen import (
+    BASELINE,
+    BenchResult,
+    LevelResult,
+    Load,
+    level_summaries,
+    one_request,
+    paired_rounds,
+)
 from specdec.client.machine import summary_line
 from specdec.client.metrics import ArmSummary, Stats, ratio_interval, request_metrics, speedup, summarize
 from specdec.client.server_stats import proposer_counters
@@ -54,10 +62,6 @@ def same_text_as_baseline(level: LevelResult, arm: str) -> tuple[int, int]:
         if s.arm == arm and s.record.error is None and s.prompt in baseline
     ]
     return sum(a == b for a, b in pairs), len(pairs)
-
-
-def one_request(_: object) -> float:
-    return 1.0
 
 
 def rows(result: BenchResult) -> list[Row]:
