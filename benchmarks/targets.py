@@ -222,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['workload']} | {r['concurrency']} | {r['baseline_tok_s']:.1f} | {r['ngram_tok_s']:.1f} | "
                      f"{r['ratio']:.2f}x ({interval(r['ratio_interval'])}) | {acceptance} | {r['same_text']} | "
                      f"{r['aa_ratio']:.2f}x ({interval(r['aa_ratio_interval'])}) | {r['rounds']} |")  # fmt: skip
-    tasks = sorted({kind for r in rows if len(r["by_task"]) > 1 for kind in r["by_task"]})
-    if tasks:
+    task_rows = [r for r in rows if len(r["by_task"]) > 1]  # the cells whose prompts name several tasks
+    if task_rows:
+        tasks = sorted({kind for r in task_rows for kind in r["by_task"]})
         lines += [
             "",
             "By task: speculation's speedup (the baseline's mean end-to-end time over its own):",
@@ -231,14 +232,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| workload | c | {' | '.join(tasks)} |",
             "|---|---|" + "---|" * len(tasks),
         ]
-        for r in rows:
-            if len(r["by_task"]) > 1:
-                ratios = (r["by_task"].get(kind) for kind in tasks)
-                lines.append(
-                    f"| {r['workload']} | {r['concurrency']} | "
-                    + " | ".join(f"{x:.2f}x" if x else "-" for x in ratios)
-                    + " |"
-                )
+        for r in task_rows:
+            ratios = (r["by_task"].get(kind) for kind in tasks)
+            cells = " | ".join(f"{x:.2f}x" if x else "-" for x in ratios)
+            lines.append(f"| {r['workload']} | {r['concurrency']} | {cells} |")
     lines += ["", f"The intervals: a paired bootstrap over a cell's rounds, none under {MIN_ROUNDS} rounds "
               "(over fewer it understates the spread)."]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
