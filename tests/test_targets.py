@@ -5,8 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+from specdec.client.metrics import ArmSummary, stats
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from targets import verdict
+from targets import after_first_token, verdict
 
 
 def test_a_figure_that_rounds_to_its_target_but_falls_short_is_not_met():
@@ -18,3 +22,20 @@ def test_a_figure_that_rounds_to_its_target_but_falls_short_is_not_met():
 def test_an_upper_bound_is_met_at_or_below_it():
     assert verdict(1.084, 1.2, at_least=False) == "yes (1.084)"
     assert verdict(1.21, 1.2, at_least=False) == "**no** (1.210)"
+
+
+def _arm(tokens: int, busy: float, first_token_s: list[float]) -> ArmSummary:
+    return ArmSummary(
+        requests=len(first_token_s), errors=0, output_tokens=tokens, busy_seconds=busy, ttft=stats(first_token_s),
+        itl=None, tpot=None, e2e=None, output_throughput=tokens / busy if busy else 0.0, request_throughput=0.0,
+        goodput=None, slo_attainment=None, acceptance_rate=None, mean_accepted_length=None, draft_tokens=0,
+        accepted_tokens=0, draft_rounds=0,
+    )  # fmt: skip
+
+
+def test_after_the_first_token_leaves_out_the_prefill_and_its_token():
+    # two requests of 101 tokens, each first token at 0.2 s and the other 100 in 1.0 s
+    assert after_first_token(_arm(202, 2.4, [0.2, 0.2]), concurrency=1) == pytest.approx(100.0)
+    # the same requests two at a time: the busy time is their time over the two slots
+    assert after_first_token(_arm(202, 1.2, [0.2, 0.2]), concurrency=2) == pytest.approx(200.0)
+    assert after_first_token(_arm(0, 0.0, []), concurrency=1) is None
