@@ -7,7 +7,8 @@
 2. verification cost: one engine forward over k = 4 draft tokens + 1 against a one-token step
    (in this process, the engine the server runs): the best of 40 of each, and the median ratio
    of 40 interleaved pairs (the two forwards of a pair run under the same load of the machine);
-3. prompt lookup on input-grounded prompts at batch 1: output tokens/s against no speculation;
+3. prompt lookup on input-grounded prompts at batch 1: output tokens/s against no speculation
+   (beside it the same after each request's first token: the prefill, equal in both, left out);
 4. throughput of speculation (prompt lookup, adaptive draft length up to the profile's
    max_draft_tokens) against no speculation at concurrency 1..32 on grounded and on open-ended
    chat prompts: the lowest ratio. Beside it, the
