@@ -10,7 +10,7 @@ import pytest
 from specdec.client.metrics import ArmSummary, stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from targets import after_first_token, verdict
+from targets import after_first_token, target, verdict
 
 
 def test_a_figure_that_rounds_to_its_target_but_falls_short_is_not_met():
@@ -22,6 +22,12 @@ def test_a_figure_that_rounds_to_its_target_but_falls_short_is_not_met():
 def test_an_upper_bound_is_met_at_or_below_it():
     assert verdict(1.084, 1.2, at_least=False) == "yes (1.084)"
     assert verdict(1.21, 1.2, at_least=False) == "**no** (1.210)"
+
+
+def test_a_target_is_labelled_from_the_bound_it_is_judged_by():
+    assert target(2.4987, 2.5) == (">= 2.5x", "**no** (2.499)")
+    assert target(56.4, 20, " tokens/s") == (">= 20 tokens/s", "yes (56.400)")
+    assert target(1.07, 1.2, at_least=False, note=" (the median)") == ("<= 1.2x (the median)", "yes (1.070)")
 
 
 def _arm(tokens: int, busy: float, first_token_s: list[float]) -> ArmSummary:
