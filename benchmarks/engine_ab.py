@@ -5,7 +5,7 @@
 Checks REV out into a temporary git worktree and runs two worker processes, one importing the
 engine from there, one from this tree, each with the embedded target over its own KV cache. They
 take turns on each case, so that both see the same states of a shared machine: rows of one
-sequence after a 250-token prompt (a step, and verifications of 4, 8 and 15 drafts: the profile's most), 16
+sequence after a 250-token prompt (a step, and verifications of 4, 8, 11, 13 and 15 drafts: the profile's most), 16
 sequences of one row each, and a 250-token prefill. Prints the median of each and the median of
 the paired ratios (this tree / base), then how far the logits of a 250-token prompt move between
 the two and whether every greedy choice stays. Any revision whose Llama has this tree's
@@ -48,7 +48,7 @@ def cases(prompt):
 
     one = torch.zeros(17, dtype=torch.int64)
     after = torch.arange(PROMPT, PROMPT + 17)
-    out = {f"{n} row{'s' * (n > 1)} of one sequence": (prompt[:n], after[:n], one[:n]) for n in (1, 5, 9, 16)}
+    out = {f"{n} row{'s' * (n > 1)} of one sequence": (prompt[:n], after[:n], one[:n]) for n in (1, 5, 9, 12, 14, 16)}
     out["16 sequences, 1 row each"] = (prompt[:16], torch.full((16,), PROMPT), torch.arange(16))
     out[f"prefill of {PROMPT} tokens"] = (prompt, torch.arange(PROMPT), torch.full((PROMPT,), 16))
     return out

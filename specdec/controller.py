@@ -21,8 +21,9 @@ observe_round()). The controller plans the draft lengths of all requests in flig
 next round's expected tokens per second (plan()): long drafts when the server is idle (a forward
 over a few extra rows costs little more than one row), shorter ones as rows pile up, none when
 they no longer pay. The plan is over the cost model's exact shape: on the CPU a forward's time is
-a staircase (the matmul takes rows in blocks of 8 with AVX-512: 9 rows cost ~11% more than 8, 10
-hardly more than 9), which a marginal cost per row would smooth away. (The built-in grounded
+a staircase (the matmul takes rows in blocks: when they were of 8 on AVX-512, 9 rows cost ~11%
+more than 8, 10 hardly more than 9; now of 14, the AMX tiles of 16), which a marginal cost per row
+would smooth away. (The built-in grounded
 prompts' greedy outputs replayed at batch 1 and priced with the engine's forward times: 1.94x
 over plain decoding with one rate, a marginal cost and a table of powers of two; 2.00x with
 this controller, as much as the best fixed length, 7.)

@@ -27,7 +27,7 @@ def measured_cost() -> ForwardCost:
 
 def staircase_cost() -> ForwardCost:
     """The embedded target's forward by row count on the development machine, every count to 17:
-    flat to 8 rows, then a step (the matmul takes rows in blocks of 8)."""
+    flat to 8 rows, then a step (the matmul took rows in blocks of 8 then)."""
     ms = [17.3, 17.1, 17.0, 17.6, 17.7, 17.9, 18.2, 18.0, 20.0, 20.2, 21.2, 22.3, 23.1, 23.9, 25.0, 26.5, 29.0]
     return ForwardCost(list(range(1, 18)), [t / 1e3 for t in ms])
 

@@ -33,7 +33,7 @@ def _product(x: np.ndarray, w: np.ndarray, out: np.ndarray, accumulate: bool) ->
     return out
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 80])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 14, 15, 17, 80])
 def test_linear_rows_are_bitwise_independent_of_the_batch(data, rows):
     def linear(x):
         return _product(x, data["w"], np.empty((len(x), len(data["w"])), np.float32), False)
@@ -216,7 +216,7 @@ def test_bf16_products_rows_are_bitwise_independent_of_the_batch(n, k, bf16_ops)
     w = ops.weight(matrix)
     x = torch.randn(300, k, generator=g)
     alone = torch.cat([ops.linear(row, w) for row in x.split(1)])
-    for m in (1, 5, 9, 16, 17, 64, 130, 300):
+    for m in (1, 5, 9, 12, 14, 16, 17, 64, 130, 300):
         assert torch.equal(ops.linear(x[:m], w), alone[:m]), m
     bf16 = x.bfloat16().double() @ matrix.bfloat16().double().T  # the exact sums of the rounded terms
     torch.testing.assert_close(alone.double(), bf16, rtol=1e-5, atol=1e-5)

@@ -33,7 +33,14 @@ _AVX512 = bool(get_host_cpu_features().get("avx512f"))
 AVX512_BF16 = _AVX512 and bool(get_host_cpu_features().get("avx512bf16"))  # vdpbf16ps: pack_bf16_weight
 LANES = 16 if _AVX512 else 8  # float32 lanes of a vector register
 TILE = 2 * LANES  # output features a matmul tile computes together
-_BLOCK = 8 if _AVX512 else 4  # rows a block takes at most: 3 x _BLOCK + 2 registers in use
+# Rows a block takes at most: 2 x _BLOCK accumulators, the 2 weight registers and the broadcasts
+# of x, each live for its row's two products. On AVX-512 14 (28 + 2 of 32 registers): each weight
+# streamed from memory feeds up to 14 rows at once, where blocks of 8 computed a second block's
+# products after the first had streamed the weights. On the EPYC (Zen 4, bf16 products),
+# forwards after a 250-token prompt against blocks of 8 (benchmarks/engine_ab.py, medians of 30
+# pairs): 9 rows 0.95x, 12 rows 0.92x, 14 rows 0.91-0.94x, 1, 5 and 16 rows and a prefill of 250
+# tokens 0.98-1.02x.
+_BLOCK = 14 if _AVX512 else 4
 # A block asks for the weights it will read this many steps of k ahead (8 KB for a matmul tile),
 # into L2. Without it, on a Xeon the loads of a block of several rows came too slowly for the
 # memory's latency: a forward of 5 rows took 1.34x one row's time, 8 rows 1.52x (1.07x and
@@ -332,8 +339,8 @@ def matmul(x, w, out, accumulate):  # pragma: no cover - compiled
     sits in the batch, so a row's result depends only on its own inputs. Vectorized across the
     TILE output features of a tile (no horizontal sums), up to _BLOCK rows at a time: per k one
     load of the tile's weights feeds two vector FMAs per row (~95% of the cores' FMA peak from
-    four rows up on AVX-512), and a forward of up to _BLOCK rows (on AVX-512 eight: a
-    verification of seven drafts) reads each tile once. Parallel over tiles: each thread streams
+    four rows up on AVX-512), and a forward of up to _BLOCK rows (on AVX-512 14: a
+    verification of 13 drafts) reads each tile once. Parallel over tiles: each thread streams
     its tiles from memory once; all blocks of rows sweep a tile while it sits in L2.
     """
     terms = _terms(x, w)
