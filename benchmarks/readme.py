@@ -12,6 +12,10 @@ One tritonserver (the embedded profile) serves everything, on free ports:
    generation in this process against the served baseline and speculation, same prompts, one at
    a time.
 5. tables.md (step "tables"): the README's condensed tables, from the two sweeps' summary.csv.
+6. anchor/ (step "anchor"): what NVIDIA's tensorrt_llm_bls draft-target loop cannot do, measured
+   here on the held-out grounded prompts: prompt lookup at one user and at 8 (streamed/, with the
+   baseline), and unstreamed at one user (unstreamed/: the only mode that loop serves);
+   anchor.md puts each figure beside the loop's limit.
 --steps runs some of them; --quick makes every count tiny (a smoke test, not numbers to publish).
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -52,6 +57,46 @@ def condensed_table(summary_csv: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+# relative to the working directory, as the reports print it
+ANCHOR_PROMPTS = os.path.relpath(Path(__file__).parent / "prompts" / "heldout-grounded.jsonl")
+BLS_MODEL = "TensorRT-LLM's `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1`"
+
+
+def anchor_table(streamed: dict, unstreamed: dict, arm: str, many: int) -> str:
+    """Each limit of the tensorrt_llm_bls draft-target loop beside what the two bench runs
+    (bench.json of `--concurrency 1,MANY` with the baseline, and of one user `--no-stream`) measured."""
+
+    def summary(run: dict, users: int, name: str) -> dict:
+        return next(level for level in run["levels"] if level["load"]["concurrency"] == users)["summary"][name]
+
+    one, several = summary(streamed, 1, arm), summary(streamed, many, arm)
+    rate, rate_several = one["output_throughput"], several["output_throughput"]
+    baseline_several = summary(streamed, many, "baseline")["output_throughput"]
+    first_text, first_text_unstreamed = one["ttft"]["p50"], summary(unstreamed, 1, arm)["ttft"]["p50"]
+    interval = one["speedup_interval"]  # none over fewer than eight rounds
+    spread = f" (95% interval {interval[0]:.2f}-{interval[1]:.2f}x)" if interval else ""
+    same, total = one["same_text_as_baseline"]
+    rows = [
+        ("requests at once",
+         "one per BLS instance: `decode()` refuses a batch above 1 (\"speculative decoding is not supported with "
+         "batch size > 1\") and `execute()` runs each of its requests to its last token before the next",
+         f"{rate_several:.1f} tokens/s at {many} users, {rate_several / rate:.2f}x the {rate:.1f} of one user; "
+         f"{several['speedup']:.2f}x the baseline's {baseline_several:.1f} at {many} users"),
+        ("streaming",
+         "refused: `Request.validate()` raises \"streaming is not supported with speculative decoding\"; "
+         "the text comes in one response at the end",
+         f"first text after {first_text * 1e3:.0f} ms (p50), against {first_text_unstreamed * 1e3:.0f} ms for the "
+         "same requests unstreamed"),
+        ("speedup at one user",
+         "none reported (tensorrtllm_backend issue 498: Llama-3 70B with an 8B draft on 4 A100s)",
+         f"{one['speedup']:.2f}x the baseline{spread}, {rate:.1f} tokens/s; "
+         f"the same text in {same} of {total}"),
+    ]  # fmt: skip
+    lines = [f"| | tensorrt_llm_bls ({BLS_MODEL}: `lib/decode.py`, `model.py`) | `{arm}` here |", "|---|---|---|"]
+    lines += [f"| {point} | {theirs} | {ours} |" for point, theirs, ours in rows]
+    return "\n".join(lines) + "\n"
+
+
 def write_tables(out: Path) -> None:
     parts = []
     for folder, title in (("sweep-blocks", "each arm alone on the server (--interleave block)"),
@@ -65,7 +110,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", default="sweep,blocks,peer")
+    ap.add_argument("--steps", default="sweep,blocks,anchor,peer")
     args = ap.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -100,6 +145,20 @@ def main() -> int:
             if specdec(argv) != 0:
                 return 1
         write_tables(out)
+        if "anchor" in steps:
+            many = 2 if args.quick else 8
+            arm = f"ngram:{profile.speculation.max_draft_tokens}"
+            common = ["bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
+                      "--server-pid", str(server.process.pid), "--workload", ANCHOR_PROMPTS,
+                      "--num-requests", "2" if args.quick else "32", "--max-tokens", sweep["max_tokens"],
+                      "--warmup", "2", "--no-plots"]  # fmt: skip
+            runs = {"streamed": ["--arms", f"baseline,{arm}", "--concurrency", f"1,{many}"],
+                    "unstreamed": ["--arms", arm, "--concurrency", "1", "--no-stream"]}  # fmt: skip
+            for folder, argv in runs.items():
+                if specdec([*common, *argv, "--output-dir", str(out / "anchor" / folder)]) != 0:
+                    return 1
+            streamed, unstreamed = (json.loads((out / "anchor" / f / "bench.json").read_text()) for f in runs)
+            (out / "anchor" / "anchor.md").write_text(anchor_table(streamed, unstreamed, arm, many))
         if "peer" not in steps:
             return 0
 
