@@ -133,11 +133,12 @@ def main() -> int:
     build(profile)
     started = time.time()
     with TritonServer(profile, ports=Ports.free()) as server:
+        bench = ["bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
+                 "--server-pid", str(server.process.pid)]  # fmt: skip
         for step, mode, folder in (("sweep", "request", "sweep"), ("blocks", "block", "sweep-blocks")):
             if step not in steps:
                 continue
-            argv = ["bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
-                    "--server-pid", str(server.process.pid), "--interleave", mode,
+            argv = [*bench, "--interleave", mode,
                     "--arms", f"baseline,ngram:{k},draft_model:{k}", "--workload", "grounded,chat",
                     "--concurrency", sweep["concurrency"], "--num-requests", sweep["requests"],
                     "--max-tokens", sweep["max_tokens"], "--warmup", "2",
@@ -148,10 +149,8 @@ def main() -> int:
         if "anchor" in steps:
             many = 2 if args.quick else 8
             arm = f"ngram:{profile.speculation.max_draft_tokens}"
-            common = ["bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
-                      "--server-pid", str(server.process.pid), "--workload", ANCHOR_PROMPTS,
-                      "--num-requests", "2" if args.quick else "32", "--max-tokens", sweep["max_tokens"],
-                      "--warmup", "2", "--no-plots"]  # fmt: skip
+            common = [*bench, "--workload", ANCHOR_PROMPTS, "--num-requests", "2" if args.quick else "32",
+                      "--max-tokens", sweep["max_tokens"], "--warmup", "2", "--no-plots"]  # fmt: skip
             runs = {"streamed": ["--arms", f"baseline,{arm}", "--concurrency", f"1,{many}"],
                     "unstreamed": ["--arms", arm, "--concurrency", "1", "--no-stream"]}  # fmt: skip
             for folder, argv in runs.items():
