@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from specdec.admission import CANCEL, DRAIN, drain_path
 from specdec.config import Profile
 
@@ -97,6 +99,8 @@ class TritonServer:
         self.foreground_log = False
         # the Python backend's shared-memory regions: a killed server leaves them in /dev/shm
         self.shared_memory: set[Path] = set()
+        # the Python backend stubs as the server became ready, each with its model
+        self.stubs: list[tuple[str, psutil.Process]] = []
 
     @property
     def http_url(self) -> str:
@@ -171,9 +175,16 @@ class TritonServer:
             with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
                     self.shared_memory = mapped_shared_memory(self.process.pid) if self.process else set()
+                    self.stubs = python_stubs(self.process.pid) if self.process else []
                     return
             time.sleep(0.5)
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s\n{self.log_tail()}")
+
+    def dead_stubs(self) -> list[str]:
+        """The models whose Python backend stub has died since the server became ready. Triton
+        2.51 does not start a stub again: its model answers "Stub process ... is not healthy" to
+        every request from then on, or (spec_decode's) leaves its streams waiting."""
+        return sorted({model for model, stub in self.stubs if not _alive(stub)})
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_file.is_file():
@@ -220,6 +231,7 @@ class TritonServer:
         for region in self.shared_memory:  # gone already unless the server died
             region.unlink(missing_ok=True)
         self.shared_memory = set()
+        self.stubs = []
         if getattr(self, "_log_handle", None):
             self._log_handle.close()
             self._log_handle = None
@@ -260,20 +272,54 @@ def mapped_shared_memory(pid: int) -> set[Path]:
     return {Path(p) for line in maps.splitlines() if (p := line.split(maxsplit=5)[-1]).startswith("/dev/shm/")}
 
 
-def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
-    """Wait on a ready server and start it again each time it dies, at most `max_restarts` times
-    within `restart_window_s` (server options). Returns only when it gives up: 1. A stop (SIGTERM,
-    Ctrl-C) reaches the caller as KeyboardInterrupt.
+def python_stubs(pid: int) -> list[tuple[str, psutil.Process]]:
+    """The Python backend stubs under tritonserver `pid`, each with its model (a stub's command
+    line names the model's <repository>/<model>/<version>/model.py)."""
+    stubs = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                command = child.cmdline()
+                if command and Path(command[0]).name == "triton_python_backend_stub":
+                    model_py = next(a for a in command if a.endswith("model.py"))
+                    stubs.append((Path(model_py).parent.parent.name, child))
+    return stubs
 
-    A restart starts clean (TritonServer.restart): the dead server's stubs are killed with its
-    process group, its shared memory is unlinked, its log is kept under a dated name. Requests
-    it was serving fail (clients see UNAVAILABLE); the new server serves from its first ready."""
+
+def _alive(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+STUB_POLL_S = 1.0  # how often supervise looks for a dead stub
+
+
+def _wait_for_failure(server: TritonServer) -> str:
+    """Block until the server can no longer serve all its models; what happened."""
+    assert server.process is not None
+    while True:
+        try:
+            code = server.process.wait(timeout=STUB_POLL_S)
+            return f"[red]tritonserver exited[/] ({code})\n{server.log_tail()}"
+        except subprocess.TimeoutExpired:
+            if dead := server.dead_stubs():
+                return f"[red]the Python backend stub of {', '.join(dead)} died[/]\n{server.log_tail()}"
+
+
+def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
+    """Wait on a ready server and start it again each time it dies or one of its models' Python
+    stubs dies, at most `max_restarts` times within `restart_window_s` (server options). Returns
+    only when it gives up: 1. A stop (SIGTERM, Ctrl-C) reaches the caller as KeyboardInterrupt.
+
+    A restart starts clean (TritonServer.restart): a server still running is drained first, the
+    old server's stubs are killed with its process group, its shared memory is unlinked, its log
+    is kept under a dated name. Requests it was serving fail (clients see UNAVAILABLE); the new
+    server serves from its first ready."""
     options = server.profile.server
     restarts: deque[float] = deque()  # when each happened
     while True:
-        assert server.process is not None
-        code = server.process.wait()
-        say(f"[red]tritonserver exited[/] ({code})\n{server.log_tail()}")
+        say(_wait_for_failure(server))
         now = time.monotonic()
         while restarts and now - restarts[0] > options.restart_window_s:
             restarts.popleft()
@@ -291,7 +337,7 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
             say(f"[red]the restarted tritonserver did not become ready[/]: {err}")
             return 1
         say(f"[green]ready again[/]  gRPC {server.grpc_url}  HTTP {server.http_url}"
-            + (f"   the log of the one that died: {kept}" if kept else ""))  # fmt: skip
+            + (f"   the old server's log: {kept}" if kept else ""))  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -174,22 +174,28 @@ def variant_server(base, smollm_dir: Path, name: str, draft_layers: int = 4, **u
 
 
 def _restart_dead_servers(test: str) -> bool:
-    """Start again each test server found dead, as `specdec serve` would, keeping its exit code
-    and log tail for the summary. Whether there was one."""
-    dead = [srv for srv in _RUNNING_SERVERS if srv.process is not None and srv.process.poll() is not None]
-    for srv in dead:
-        _DEATHS.append(f"tritonserver {srv.profile.name} found dead (exit code {srv.process.returncode}) when {test} "
-                       f"failed; its log ends:\n{srv.log_tail(60)}")  # fmt: skip
-        srv.restart()
-    return bool(dead)
+    """Start again each test server found dead (tritonserver or one of its Python stubs), as
+    `specdec serve` would, keeping what died and the log's tail for the summary. Whether there
+    was one."""
+    found = False
+    for srv in list(_RUNNING_SERVERS):
+        code = srv.process.poll() if srv.process is not None else None
+        what = f"tritonserver (exit code {code})" if code is not None else ", ".join(srv.dead_stubs())
+        if what:
+            found = True
+            _DEATHS.append(f"{srv.profile.name}: {what} found dead when {test} failed; its log ends:\n"
+                           f"{srv.log_tail(60)}")  # fmt: skip
+            srv.restart()
+    return found
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """A test that fails because a test server died runs once more on it restarted. Triton 2.51's
     Python backend can abort the whole server under concurrent BLS calls (README, operations,
-    "tritonserver dies"): that is the server's supervision's to handle, not what the test
-    checks. The death is reported at the end of the run; a second one fails the test."""
+    "tritonserver dies"): that is the server's supervision's to handle (`specdec serve`), not
+    what the test checks. The death is reported at the end of the run; a second one fails the
+    test."""
     try:
         return (yield)
     except Exception:

@@ -214,9 +214,10 @@ def test_random_requests_get_a_generation_or_a_clear_refusal(server, body):
 
 
 # --- a dead server, shutdown -------------------------------------------------------------------------
-def test_specdec_serve_restarts_a_dead_tritonserver_and_drains_on_sigterm(embedded_profile, smollm_dir, tmp_path):
+def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embedded_profile, smollm_dir, tmp_path):
     """`specdec serve` as a user runs it. tritonserver killed: serve starts a new one, which
-    serves, and the dead one's stubs and shared memory are gone, its log kept. Then SIGTERM while
+    serves, and the dead one's stubs and shared memory are gone, its log kept. A stub killed:
+    serve starts a new server again. Then SIGTERM while
     6 streams generate: they finish (or stop with UNAVAILABLE) within the drain bound, the server
     exits 0, and no stub process or shared memory segment is left."""
     import subprocess
@@ -224,7 +225,7 @@ def test_specdec_serve_restarts_a_dead_tritonserver_and_drains_on_sigterm(embedd
 
     import yaml
 
-    from specdec.serve import free_port, mapped_shared_memory
+    from specdec.serve import free_port, mapped_shared_memory, python_stubs
 
     profile = variant_profile(embedded_profile, smollm_dir, "reliability-shutdown")
     profile_file = tmp_path / "profile.yaml"
@@ -255,6 +256,14 @@ def test_specdec_serve_restarts_a_dead_tritonserver_and_drains_on_sigterm(embedd
         assert not any(region.exists() for region in dead_regions)
         kept_logs = list((profile.build_path() / "logs").glob("tritonserver-*.log"))
         assert any("Started GRPCInferenceService" in log.read_text() for log in kept_logs)
+
+        # a model's stub dies, tritonserver lives on (Triton 2.51 answers "Stub process ... is
+        # not healthy" from then on): serve restarts the server too
+        target_stub = next(stub for model, stub in python_stubs(_tritonserver_of(serve.pid)) if model == "target")
+        target_stub.kill()
+        assert wait_for(lambda: said.read_text().count("ready again") == 2, timeout=120), said.read_text()[-2000:]
+        assert "the Python backend stub of target died" in said.read_text()
+        assert _ok(f"http://127.0.0.1:{ports[0]}/v2/health/ready")
 
         server_pid = _tritonserver_of(serve.pid)
         stubs = psutil.Process(server_pid).children(recursive=True)
