@@ -27,10 +27,10 @@ requests at C = 1), so a figure speaks for the whole workload, not its first pro
 are compared with the baseline's (greedy). Where a workload's prompts carry a task label (`kind`:
 summarise, edit, qa, code in the grounded sets), each cell's speedup is also given by task: the
 grounded figure depends on the mix of tasks (copy-edits and code run far ahead of summaries and
-answers). Where tritonserver dies during a cell (the README's operations section: Triton's
-server#8882 under concurrent BLS load), it is restarted and the cell runs again from its start,
-at most CELL_TRIES times; the restarts are reported with the cells. Writes targets.md and
-targets.json.
+answers). Where tritonserver or one of its stubs dies during a cell (the README's operations
+section: Triton's server#8882 under concurrent BLS load), the server is restarted and the cell
+runs again from its start, at most CELL_TRIES times; the restarts are reported with the cells.
+Writes targets.md and targets.json.
 
 Held-out prompts: --grounded and --open take a .jsonl file each (one {"text": ...} object a line,
 as `specdec bench --workload`) in place of the built-in grounded and chat workloads.
@@ -164,22 +164,22 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
 
 
 def surviving_sweep(server: TritonServer, *cell) -> dict:
-    """sweep(server, *cell), run again on a restarted server each time tritonserver dies during it."""
+    """sweep(server, *cell), run again on a restarted server each time tritonserver or one of its
+    stubs dies during it."""
     for restarts in range(CELL_TRIES):
         try:
             row = sweep(server, *cell)
         except Exception:
-            if server.process is not None and server.process.poll() is None:
+            if server.failure() is None:
                 raise  # not the server's death
             row = None
-        assert server.process is not None
-        if row is not None and server.process.poll() is None:
+        if row is not None and server.failure() is None:
             return {**row, "server_restarts": restarts}
-        console.print(f"[red]tritonserver died[/] ({server.process.returncode}) during the cell {cell[1:4]}: "
-                      "restarting it, the cell runs again")  # fmt: skip
+        console.print(f"[red]{server.failure()}[/] during the cell {cell[1:4]}: restarting the server, the cell "
+                      "runs again")  # fmt: skip
         kept = server.restart()
         console.print(f"the dead server's log: {kept}")
-    raise RuntimeError(f"tritonserver died in each of {CELL_TRIES} tries of the cell {cell[1:4]}")
+    raise RuntimeError(f"the server failed in each of {CELL_TRIES} tries of the cell {cell[1:4]}")
 
 
 def decoding(row: dict) -> str:

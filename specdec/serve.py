@@ -180,11 +180,16 @@ class TritonServer:
             time.sleep(0.5)
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s\n{self.log_tail()}")
 
-    def dead_stubs(self) -> list[str]:
-        """The models whose Python backend stub has died since the server became ready. Triton
+    def failure(self) -> str | None:
+        """What keeps this started server from serving all its models, or None: tritonserver
+        exited, or a model's Python backend stub died since the server became ready. Triton
         2.51 does not start a stub again: its model answers "Stub process ... is not healthy" to
         every request from then on, or (spec_decode's) leaves its streams waiting."""
-        return sorted({model for model, stub in self.stubs if not _alive(stub)})
+        if self.process is not None and (code := self.process.poll()) is not None:
+            return f"tritonserver exited ({code})"
+        if dead := sorted({model for model, stub in self.stubs if not _alive(stub)}):
+            return f"the Python backend stub of {', '.join(dead)} died"
+        return None
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_file.is_file():
@@ -296,15 +301,13 @@ STUB_POLL_S = 1.0  # how often supervise looks for a dead stub
 
 
 def _wait_for_failure(server: TritonServer) -> str:
-    """Block until the server can no longer serve all its models; what happened."""
+    """Block until the server can no longer serve all its models (TritonServer.failure)."""
     assert server.process is not None
     while True:
-        try:
-            code = server.process.wait(timeout=STUB_POLL_S)
-            return f"[red]tritonserver exited[/] ({code})\n{server.log_tail()}"
-        except subprocess.TimeoutExpired:
-            if dead := server.dead_stubs():
-                return f"[red]the Python backend stub of {', '.join(dead)} died[/]\n{server.log_tail()}"
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.process.wait(timeout=STUB_POLL_S)
+        if failure := server.failure():
+            return failure
 
 
 def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
@@ -319,7 +322,7 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
     options = server.profile.server
     restarts: deque[float] = deque()  # when each happened
     while True:
-        say(_wait_for_failure(server))
+        say(f"[red]{_wait_for_failure(server)}[/]\n{server.log_tail()}")
         now = time.monotonic()
         while restarts and now - restarts[0] > options.restart_window_s:
             restarts.popleft()

@@ -179,11 +179,9 @@ def _restart_dead_servers(test: str) -> bool:
     was one."""
     found = False
     for srv in list(_RUNNING_SERVERS):
-        code = srv.process.poll() if srv.process is not None else None
-        what = f"tritonserver (exit code {code})" if code is not None else ", ".join(srv.dead_stubs())
-        if what:
+        if failure := srv.failure():
             found = True
-            _DEATHS.append(f"{srv.profile.name}: {what} found dead when {test} failed; its log ends:\n"
+            _DEATHS.append(f"{srv.profile.name}: {failure}, found when {test} failed; its log ends:\n"
                            f"{srv.log_tail(60)}")  # fmt: skip
             srv.restart()
     return found

@@ -320,6 +320,9 @@ class _DyingServer:
     def restart(self) -> None:
         self.start()
 
+    def failure(self) -> str | None:
+        return None if self.process.poll() is None else "exited"
+
     def log_tail(self) -> str:
         return ""
 
