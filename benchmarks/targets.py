@@ -173,10 +173,10 @@ def surviving_sweep(server: TritonServer, *cell) -> dict:
             if server.failure() is None:
                 raise  # not the server's death
             row = None
-        if row is not None and server.failure() is None:
+        failure = server.failure()
+        if row is not None and failure is None:
             return {**row, "server_restarts": restarts}
-        console.print(f"[red]{server.failure()}[/] during the cell {cell[1:4]}: restarting the server, the cell "
-                      "runs again")  # fmt: skip
+        console.print(f"[red]{failure}[/] during the cell {cell[1:4]}: restarting the server, the cell runs again")
         kept = server.restart()
         console.print(f"the dead server's log: {kept}")
     raise RuntimeError(f"the server failed in each of {CELL_TRIES} tries of the cell {cell[1:4]}")

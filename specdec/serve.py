@@ -187,7 +187,7 @@ class TritonServer:
         every request from then on, or (spec_decode's) leaves its streams waiting."""
         if self.process is not None and (code := self.process.poll()) is not None:
             return f"tritonserver exited ({code})"
-        if dead := sorted({model for model, stub in self.stubs if not _alive(stub)}):
+        if dead := sorted({model for model, stub in self.stubs if not alive(stub)}):
             return f"the Python backend stub of {', '.join(dead)} died"
         return None
 
@@ -291,7 +291,8 @@ def python_stubs(pid: int) -> list[tuple[str, psutil.Process]]:
     return stubs
 
 
-def _alive(process: psutil.Process) -> bool:
+def alive(process: psutil.Process) -> bool:
+    """Whether `process` runs (not gone, not a zombie its parent has yet to reap)."""
     with contextlib.suppress(psutil.Error):
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     return False

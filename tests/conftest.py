@@ -196,7 +196,7 @@ def pytest_runtest_call(item):
     test."""
     try:
         return (yield)
-    except Exception:
+    except (Exception, pytest.fail.Exception):
         if not _restart_dead_servers(item.nodeid):
             raise
         _DEATHS.append(f"{item.nodeid} ran again on the restarted server")

@@ -225,7 +225,7 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
 
     import yaml
 
-    from specdec.serve import free_port, mapped_shared_memory, python_stubs
+    from specdec.serve import alive, free_port, mapped_shared_memory, python_stubs
 
     profile = variant_profile(embedded_profile, smollm_dir, "reliability-shutdown")
     profile_file = tmp_path / "profile.yaml"
@@ -252,7 +252,7 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
         os.kill(dead_pid, signal.SIGKILL)
         assert wait_for(lambda: "ready again" in said.read_text(), timeout=120), said.read_text()[-2000:]
         assert _ok(f"http://127.0.0.1:{ports[0]}/v2/health/ready")
-        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in dead_stubs)
+        assert not any(alive(p) for p in dead_stubs)
         assert not any(region.exists() for region in dead_regions)
         kept_logs = list((profile.build_path() / "logs").glob("tritonserver-*.log"))
         assert any("Started GRPCInferenceService" in log.read_text() for log in kept_logs)
@@ -286,7 +286,7 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
     assert elapsed < 35, f"shutdown took {elapsed:.0f} s"
     assert all(r.chunks for r in records)  # every stream had started
     assert all(r.error is None or "shutting down" in r.error for r in records), [r.error for r in records]
-    assert wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in stubs), timeout=10)
+    assert wait_for(lambda: not any(alive(p) for p in stubs), timeout=10)
     leftover = {f for f in set(os.listdir("/dev/shm")) - shm_before if "triton" in f}
     assert not leftover, f"shared memory left behind: {leftover}"
 
