@@ -17,7 +17,8 @@ length without running the model again, for any draft length k:
   merged into a trie, of which the k most likely nodes are verified in one forward of k + 1 rows
   (match_tree), accepting the longest path that agrees with the output;
 - with the profile's guess head: our n-gram proposer led by the engine's guesses where it matches
-  little (PromptLookup.heard), each guess the engine's own for that point of the output.
+  little (PromptLookup.heard), each guess the engine's own for that point of the output;
+- with the profile's phrase index too: as spec_decode serves the embedded profile.
 Each replay is priced with the engine's measured forward times by row count (calibrate()) and
 each prompt's measured prefill, as batch-1 tokens/s against plain decoding; "free verify"
 prices a forward over k + 1 rows as one row. Writes copy_bound.md and copy_bound.json.
@@ -44,7 +45,7 @@ from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.config import load_profile
 from specdec.engine.engine import Engine, GenerationRequest
 from specdec.progress import console, progress_bar
-from specdec.proposers import NgramProposer, PromptLookup
+from specdec.proposers import NgramProposer, PhraseIndex, PromptLookup
 from specdec.tokenizer import TextTokenizer
 from specdec.verify import accepted_length
 
@@ -203,7 +204,9 @@ def groups(samples: list[Sample]) -> dict[str, list[Sample]]:
     return out
 
 
-def analyse(samples: list[Sample], step: dict[int, float], ngram: NgramProposer) -> list[dict]:
+def analyse(
+    samples: list[Sample], step: dict[int, float], ngram: NgramProposer, phrases: PhraseIndex | None = None
+) -> list[dict]:
     free = dict.fromkeys(step, step[1])
     # each sample's proposer: the served prompt lookup keeps state along a request
     proposers: dict[str, Callable[[Sample], Propose]] = {
@@ -214,6 +217,10 @@ def analyse(samples: list[Sample], step: dict[int, float], ngram: NgramProposer)
     }
     if all(s.guesses is not None for s in samples):
         proposers["ngram + guess"] = lambda s: guessed_lookup(PromptLookup(ngram, len(s.prompt)), s.guesses)
+        if phrases is not None:
+            proposers["ngram + guess + phrases"] = lambda s: guessed_lookup(
+                PromptLookup(ngram, len(s.prompt), phrases), s.guesses
+            )
     rows = []
     for kind, group in groups(samples).items():
         tokens = sum(len(s.output) for s in group)
@@ -252,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     step = forward_times(engine, rows=tuple(range(1, MAX_K + 2)))
     samples = generate(engine, TextTokenizer(model_dir), args.workload.split(","), args.max_tokens)
     options = profile.speculation.ngram
-    rows = analyse(samples, step, NgramProposer(options.min_n, options.max_n))
+    phrases = PhraseIndex.load(options.phrases) if options.phrases else None
+    rows = analyse(samples, step, NgramProposer(options.min_n, options.max_n), phrases)
 
     lines = [
         f"Machine: {summary_line(describe())}. Forward ms by rows: "

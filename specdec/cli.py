@@ -43,12 +43,14 @@ def cmd_train_guess_head(args: argparse.Namespace) -> int:
     if profile.backend != "pytorch":
         console.print("[red]train-guess-head:[/] the guess head is the PyTorch engine's (backend: pytorch)")
         return 2
-    out = Path(args.out or profile.speculation.ngram.guess_head or "guess-head.safetensors")
-    ngram = profile.speculation.ngram.model_copy(update={"guess_head": None})  # (the head to be)
+    ngram = profile.speculation.ngram
+    out = Path(args.out or ngram.guess_head or "guess-head.safetensors")
+    phrases = Path(args.phrases or ngram.phrases or out.with_name("phrases.safetensors"))
+    ngram = ngram.model_copy(update={"guess_head": None, "phrases": None})  # (the files to be)
     profile = profile.model_copy(update={"speculation": profile.speculation.model_copy(update={"ngram": ngram})})
     build(profile)
-    train_guess_head(profile, out, TrainOptions(epochs=args.epochs))
-    console.print(f"[green]wrote[/] {out}")
+    train_guess_head(profile, out, phrases, TrainOptions(epochs=args.epochs))
+    console.print(f"[green]wrote[/] {out} and {phrases}")
     return 0
 
 
@@ -213,9 +215,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the commands that would run; write nothing")
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("train-guess-head", help="train the target's guess head on its own outputs (~25 min on 2 cores)")
+    p = sub.add_parser(
+        "train-guess-head",
+        help="train the target's guess head on its own outputs and write their phrase index (25-45 min on 2 cores)",
+    )
     _add_profile(p)
     p.add_argument("--out", help="default: the profile's speculation.ngram.guess_head")
+    p.add_argument("--phrases", help="default: the profile's speculation.ngram.phrases")
     p.add_argument("--epochs", type=int, default=3)
     p.set_defaults(func=cmd_train_guess_head)
 

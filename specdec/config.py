@@ -220,6 +220,11 @@ class NgramOptions(_Strict):
         description="backend pytorch: the target's guess head (.safetensors, `specdec train-guess-head`), "
         "whose guesses lead drafts where lookup matches little",
     )
+    phrases: str | None = Field(
+        None,
+        description="a phrase index of the target's own outputs (.safetensors, written by `specdec "
+        "train-guess-head`): where lookup matches little, a draft may come from the model's stock phrases",
+    )
     guess_margin: Annotated[float, Field(ge=0)] = Field(
         GUESS_MARGIN,
         description="how far (in logits) below its guess the guess head still finds a token plausible: "
@@ -382,7 +387,8 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
 
 
 def resolve_relative_paths(data: dict, base: Path) -> dict:
-    """hf_dir and build_dir may be written relative to the profile's own folder."""
+    """hf_dir, build_dir and the n-gram proposer's files may be written relative to the profile's
+    own folder."""
     trt = data.get("trtllm") if isinstance(data.get("trtllm"), dict) else {}
     sources = [data.get("target"), data.get("draft")]  # and the in-engine modes' draft weights:
     sources += [trt[mode].get(key) for mode, key in IN_ENGINE_WEIGHTS if isinstance(trt.get(mode), dict)]
@@ -393,9 +399,10 @@ def resolve_relative_paths(data: dict, base: Path) -> dict:
         data["build_dir"] = str((base / data["build_dir"]).expanduser().resolve())
     spec = data.get("speculation") if isinstance(data.get("speculation"), dict) else {}
     ngram = spec.get("ngram") if isinstance(spec.get("ngram"), dict) else None
-    if ngram is not None and isinstance(ngram.get("guess_head"), str):
-        spec = data["speculation"] = dict(spec)
-        spec["ngram"] = {**ngram, "guess_head": str((base / ngram["guess_head"]).expanduser().resolve())}
+    for key in ("guess_head", "phrases"):  # the files the n-gram proposer reads
+        if ngram is not None and isinstance(ngram.get(key), str):
+            ngram = {**ngram, key: str((base / ngram[key]).expanduser().resolve())}
+            spec = data["speculation"] = {**spec, "ngram": ngram}
     return data
 
 

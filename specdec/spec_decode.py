@@ -31,7 +31,7 @@ from specdec.contract import CACHE_SALT_INPUT, GUESS_INPUT, GUESS_OUTPUT
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
 from specdec.lockstep import Lockstep
-from specdec.proposers import GUESSED, NgramProposer, PromptLookup
+from specdec.proposers import GUESSED, NgramProposer, PhraseIndex, PromptLookup
 from specdec.sampling import SamplingParams, derive_seed
 from specdec.triton_io import (
     InvalidInput,
@@ -224,6 +224,7 @@ class SpecDecodeService:
         self.draft = EngineClient(prepare, draft_model, uniform) if draft_model else None
         ngram = profile.speculation.ngram
         self.ngram = NgramProposer(ngram.min_n, ngram.max_n)
+        self.phrases = PhraseIndex.load(ngram.phrases) if ngram.phrases else None
         self.metrics = metrics or NoMetrics()
         self.warn = warn
         self.controller = Controller(profile.speculation.adaptive)
@@ -242,7 +243,7 @@ class SpecDecodeService:
         """The request's proposer, what it finds before drafting (Controller.choose_k), and the
         prompt lookup that hears the engine's guesses, if it is one and there are guesses."""
         if name == "ngram":
-            lookup = PromptLookup(self.ngram, prompt_length)
+            lookup = PromptLookup(self.ngram, prompt_length, self.phrases)
             return lookup.propose, lookup.evidence, lookup if self.guesses else None
         if name == "draft_model":
             assert self.draft is not None

@@ -44,7 +44,7 @@ def refusal(data: dict) -> str:
 
 FREE_TEXT = {
     "description", "target.gguf_package", "target.gguf_file", "draft.gguf_package", "draft.gguf_file",
-    "speculation.ngram.guess_head",
+    "speculation.ngram.guess_head", "speculation.ngram.phrases",
 }  # fmt: skip
 OUT_OF_RANGE = {int: -1, str: "nonsense value!", bool: None}
 
@@ -100,6 +100,10 @@ def test_missing_weights_are_refused_naming_the_key(tmp_path):
     data = with_value("speculation.ngram.guess_head", str(tmp_path / "head.safetensors"))
     data["build_dir"] = str(tmp_path / "build")
     with pytest.raises(ProfileError, match=r"speculation\.ngram\.guess_head: no such file .*head\.safetensors"):
+        build(parse_profile(data))
+    data = with_value("speculation.ngram.phrases", str(tmp_path / "phrases.safetensors"))
+    data["build_dir"] = str(tmp_path / "build")
+    with pytest.raises(ProfileError, match=r"speculation\.ngram\.phrases: no such file .*train-guess-head"):
         build(parse_profile(data))
     assert not (tmp_path / "build" / "model_repository").exists()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ import torch
 from conftest import BF16_OPS_PARAMS, TINY, needs_bf16, write_guess_head
 from safetensors.torch import save_file
 
-from specdec.build.guess_head import TrainOptions, examples, fit
+from specdec.build.guess_head import TrainOptions, code_functions, examples, fit
+from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.engine.engine import Engine, GenerationRequest, RequestError
 from specdec.engine.guess import MAX_GUESSES
 from specdec.engine.ops import BF16_OPS
@@ -145,3 +147,14 @@ def test_fit_learns_a_rule_of_the_next_token():
         test = torch.arange(48)
         guessed = (head(torch.zeros(48, 16), table[test]) @ table.T).argmax(1)
     assert (guessed == (test + 1) % 48).float().mean() > 0.9
+
+
+def test_no_benchmark_prompt_rewrites_a_function_the_head_and_phrases_learn_from():
+    """The benchmarks' prompts stay held out from `specdec train-guess-head`'s data: no function
+    of its code prompts is one a benchmark prompt asks to rewrite (fnmatch.filter was both)."""
+    prompts = Path(__file__).parent.parent / "benchmarks" / "prompts"
+    workloads = ["grounded", "chat", *map(str, sorted(prompts.glob("*.jsonl")))]
+    texts = [p.text for w in workloads for p in load_workload(w, WorkloadOptions())]
+    assert len(texts) > 100
+    shared = [f.splitlines()[0] for f in code_functions() if any(f.splitlines()[0] in text for text in texts)]
+    assert not shared

@@ -4,8 +4,18 @@ import asyncio
 
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
-from specdec.proposers import GUESSED, Lookup, NgramProposer, PromptLookup
+from specdec.proposers import (
+    GUESSED,
+    PHRASED,
+    Lookup,
+    NgramProposer,
+    PhraseIndex,
+    PromptLookup,
+    phrase_tokens,
+    suffix_matches,
+)
 
 
 def test_proposes_what_followed_the_longest_earlier_match():
@@ -35,24 +45,38 @@ def test_matches_lists_every_earlier_occurrence_of_the_longest_suffix():
     assert (starts.tolist(), n) == ([], 0)
 
 
+def longest_suffix_by_definition(corpus, tokens, min_n, max_n):
+    """By brute force: the longest n (max_n down to min_n) whose suffix of the tokens is a window of
+    the corpus, and where the tokens after each such window start."""
+    for n in range(min(max_n, len(tokens)), min_n - 1, -1):
+        suffix = tokens[len(tokens) - n :].tolist()
+        starts = [i + n for i in range(len(corpus) - n + 1) if corpus[i : i + n].tolist() == suffix]
+        if starts:
+            return starts, n
+    return [], 0
+
+
 def test_matches_agree_with_a_search_of_every_window_on_random_sequences():
-    """matches() grows its match from the last token's occurrences; the definition, by brute
-    force: the longest n (max_n down to min_n) whose suffix occurs in a window with a token after it."""
-
-    def by_definition(tokens, min_n, max_n):
-        for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
-            suffix = tokens[len(tokens) - n :].tolist()
-            starts = [i + n for i in range(len(tokens) - n) if tokens[i : i + n].tolist() == suffix]
-            if starts:
-                return starts, n
-        return [], 0
-
+    """matches() grows its match from the last token's occurrences; by definition its corpus is
+    the sequence before its last token (an occurrence has a token after it)."""
     rng = np.random.default_rng(0)
     for _ in range(2000):
         min_n, max_n = int(rng.integers(1, 3)), int(rng.integers(3, 6))
         tokens = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(0, 30)))
         starts, n = NgramProposer(min_n, max_n).matches(tokens)
-        assert (starts.tolist(), n) == by_definition(tokens, min_n, max_n)
+        assert (starts.tolist(), n) == longest_suffix_by_definition(tokens[:-1], tokens, min_n, max_n)
+
+
+def test_suffix_matches_in_another_corpus_agree_with_a_search_of_every_window():
+    """The phrase index's search, in a corpus that ends with the separator as its files do."""
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        min_n, max_n = int(rng.integers(1, 4)), int(rng.integers(4, 8))
+        vocab = int(rng.integers(2, 5))
+        corpus = np.append(rng.integers(0, vocab, int(rng.integers(0, 40))), PhraseIndex.SEPARATOR)
+        tokens = rng.integers(0, vocab, int(rng.integers(0, 12)))
+        starts, n = suffix_matches(corpus, tokens, min_n, max_n)
+        assert (starts.tolist(), n) == longest_suffix_by_definition(corpus, tokens, min_n, max_n)
 
 
 def test_no_match_proposes_nothing():
@@ -149,3 +173,54 @@ def test_a_guess_is_only_for_the_length_it_was_made_for():
     assert lookup.evidence([*prompt, 6, 6, 0]) == 0
     lookup.heard(len(prompt) + 4, [99])
     assert lookup.draft([*prompt, 6, 6, 0, 2], 3) == [99]  # nothing follows the guess: itself alone
+
+
+SEP = PhraseIndex.SEPARATOR
+
+
+def test_a_phrase_is_the_continuation_most_matches_share_token_by_token():
+    """Three answers go on from "1 2 3": all with 4, two of them then with 5, and those two then
+    with 6 and 7. The draft goes on while at least min_share of the matches left agree."""
+    corpus = np.array([1, 2, 3, 4, 5, 6, SEP, 1, 2, 3, 4, 5, 7, SEP, 1, 2, 3, 4, 8, SEP])
+    assert PhraseIndex(corpus, min_n=2, min_share=0.6).draft([0, 1, 2, 3]) == [4, 5]  # 4: 3 of 3, 5: 2 of 3
+    assert PhraseIndex(corpus, min_n=2, min_share=0.7).draft([0, 1, 2, 3]) == [4]
+    assert PhraseIndex(corpus, min_n=2, min_share=0.5).draft([0, 1, 2, 3]) == [4, 5, 6]  # a tie at half: the lower id
+    assert PhraseIndex(corpus, min_n=2, min_share=0.6, max_draft=1).draft([0, 1, 2, 3]) == [4]
+    assert PhraseIndex(corpus, min_n=2).draft([9, 4, 5]) == [6]  # "4 5": the longest suffix that occurs
+
+
+def test_a_phrase_stops_at_the_end_of_its_answer_and_needs_min_n_tokens_of_match():
+    corpus = np.array([5, 6, 7, 8, SEP, 1, 6, 7, 8, SEP])
+    assert PhraseIndex(corpus, min_n=2).draft([6, 7]) == [8]  # never across the separator
+    assert PhraseIndex(corpus, min_n=3).draft([0, 6, 7]) == []  # "6 7" only: two tokens
+    assert PhraseIndex(corpus, min_n=3).draft([5, 6, 7]) == [8]
+    assert PhraseIndex(corpus, min_n=1).draft([42]) == []
+
+
+def test_phrase_tokens_lead_each_output_with_its_prompts_tail_and_end_it_with_the_separator(tmp_path):
+    pairs = [(np.array([1, 2, 3, 4]), np.array([7, 8])), (np.array([5]), np.array([9]))]
+    tokens = phrase_tokens(pairs, lead=2)
+    assert tokens.tolist() == [3, 4, 7, 8, SEP, 5, 9, SEP]
+    save_file({"tokens": tokens}, str(tmp_path / "phrases.safetensors"))
+    assert PhraseIndex.load(tmp_path / "phrases.safetensors").draft([3, 4, 7]) == [8]
+    save_file({"other": tokens}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="not a phrase index"):
+        PhraseIndex.load(tmp_path / "other.safetensors")
+
+
+def test_a_phrase_leads_where_lookup_matches_less_than_two_tokens_before_the_guess():
+    prompt = [7, 5, 1, 2, 3, 8, 9, 4]
+    phrases = PhraseIndex(np.array([4, 6, 10, 11, 12, SEP]), min_n=2)
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt), phrases=phrases)
+    tokens = [*prompt, 6]  # "6": no match in the sequence; "4 6" in the phrases
+    lookup.heard(len(tokens), [1])
+    assert lookup.evidence(tokens) == PHRASED
+    assert lookup.draft(tokens, 2) == [10, 11]
+    tokens = [*prompt, 6, 10, 11, 0]  # the phrase accepted, then 0: neither finds anything
+    lookup.heard(len(tokens), [1])
+    assert lookup.evidence(tokens) == GUESSED and lookup.draft(tokens, 2) == [1, 2]
+    tokens = [*prompt, 2, 3]  # a match of two tokens in the sequence wins
+    lookup = PromptLookup(
+        NgramProposer(1, 4), prompt_length=len(prompt), phrases=PhraseIndex(np.array([2, 3, 6, SEP]), min_n=2)
+    )
+    assert lookup.evidence(tokens) == 2 and lookup.draft(tokens, 2) == [8, 9]

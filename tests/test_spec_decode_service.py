@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 from conftest import write_tiny_llama
+from safetensors.numpy import save_file
 from scipy.stats import chisquare
 
 from specdec import spec_decode
@@ -19,14 +20,17 @@ from specdec.config import parse_profile
 from specdec.controller import calibration_path
 from specdec.engine.engine import CALIBRATION_CONTEXT, Engine, GenerationRequest
 from specdec.loop import RequestSpec
-from specdec.proposers import GUESSED
+from specdec.proposers import GUESSED, PHRASED, phrase_tokens
 from specdec.sampling import SamplingParams
 from specdec.spec_decode import SpecDecodeService, local_call
 from specdec.triton_io import SpecDecodeRequest
 
 
-def make_service(target, draft, *, kv_slots=16, max_queue=64, max_inflight=64, build_dir=None, guess_head=None):
-    ngram = {"guess_head": str(guess_head)} if guess_head else {}
+def make_service(
+    target, draft, *, kv_slots=16, max_queue=64, max_inflight=64, build_dir=None, guess_head=None, phrases=None
+):
+    files = {"guess_head": guess_head, "phrases": phrases}
+    ngram = {key: str(path) for key, path in files.items() if path}
     profile = parse_profile(
         {
             "name": "tiny",
@@ -189,6 +193,20 @@ def test_guesses_lead_drafts_where_lookup_matches_little_and_greedy_stays_exact(
         assert run_all(svc, [request(p, k=k) for p in PROMPTS]) == baseline, f"k={k}"
     assert len(names) == 1 and "return_next_guess" in next(iter(names))
     assert any(asked) and GUESSED in svc.controller.recent["ngram"].first_by_evidence  # drafts led by a guess
+
+
+def test_phrases_of_the_models_own_outputs_lead_drafts_and_greedy_stays_exact(tiny_target, tiny_draft, tmp_path):
+    """A phrase index of the target's own greedy outputs (here, of the same prompts: its phrases
+    are then right): drafts come from it where lookup matches little, and are accepted."""
+    svc, _ = make_service(tiny_target, tiny_draft)
+    baseline = run_all(svc, [request(p, k=0, proposer="none") for p in PROMPTS])
+    pairs = [(np.asarray(p), np.asarray(out)) for p, out in zip(PROMPTS, baseline, strict=True)]
+    save_file({"tokens": phrase_tokens(pairs)}, str(tmp_path / "phrases.safetensors"))
+    svc, _ = make_service(tiny_target, tiny_draft, phrases=tmp_path / "phrases.safetensors")
+    for k in (1, 3, 8):
+        assert run_all(svc, [request(p, k=k) for p in PROMPTS]) == baseline, f"k={k}"
+    phrased = svc.controller.recent["ngram"].first_by_evidence[PHRASED]
+    assert phrased.hits > 0  # a phrase's first token was accepted
 
 
 def test_caches_are_released_when_requests_end(service):

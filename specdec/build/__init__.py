@@ -12,6 +12,13 @@ def build(profile: Profile, dry_run: bool = False) -> Path:
     dry_run, print what would run (for TensorRT-LLM: the exact commands) and write nothing."""
     from specdec.build.render import render_repository
 
+    ngram = profile.speculation.ngram
+    for key, path, command in (
+        ("guess_head", ngram.guess_head, "train one with `specdec train-guess-head`"),
+        ("phrases", ngram.phrases, "write one with `specdec train-guess-head`"),
+    ):
+        if not dry_run and path is not None and not Path(path).is_file():
+            raise ProfileError(f"speculation.ngram.{key}: no such file {path} ({command}, or leave the key out)")
     if profile.backend == "tensorrtllm":
         from specdec.build.trtllm import build_engines
 
@@ -24,12 +31,6 @@ def build(profile: Profile, dry_run: bool = False) -> Path:
     else:
         from specdec.build.cpu import build_models
 
-        head = profile.speculation.ngram.guess_head
-        if head is not None and not Path(head).is_file():
-            raise ProfileError(
-                f"speculation.ngram.guess_head: no such file {head} (train one with `specdec train-guess-head`, "
-                "or leave the key out)"
-            )
         build_models(profile)
     if dry_run:
         print(f"# render the model repository into {profile.repository_dir()}")

@@ -1,6 +1,7 @@
-"""Train the target's guess head (specdec/engine/guess.py) on the target's own greedy outputs.
+"""Train the target's guess head (specdec/engine/guess.py) on the target's own greedy outputs,
+and write those outputs as its phrase index (specdec/proposers.py's PhraseIndex).
 
-    specdec train-guess-head [--profile P] [--out FILE]     (about 25 minutes on 2 cores)
+    specdec train-guess-head [--profile P] [--out FILE] [--phrases FILE]   (25-45 minutes on 2 cores)
 
 1. The model writes a paragraph on each of TOPICS; those paragraphs are the passages of the
    grounded tasks (summarise, proofread, answer from), as the benchmarks' own passages are
@@ -10,6 +11,7 @@
 3. One forward over each prompt and output gives the hidden state h_t of every output row;
    the head learns token t+2 from (h_t, token t+1), cross-entropy over the whole vocabulary.
 4. The candidates the head scores at run time are the tokens the outputs use most.
+5. The outputs, each led by its prompt's last tokens, are the phrase index.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file
 
 from specdec.client.workloads import with_typos
 from specdec.config import Profile
 from specdec.engine.engine import Engine, GenerationRequest
 from specdec.progress import console, progress_bar
+from specdec.proposers import phrase_tokens
 from specdec.tokenizer import TextTokenizer
 
 TOPICS = [
@@ -201,7 +205,7 @@ ANSWER = (
     "{p}\n\nBased on this text, why is {t} notable?",
 )
 CODE_MODULES = (
-    "json.decoder", "difflib", "fractions", "heapq", "bisect", "ipaddress", "base64", "glob", "fnmatch", "posixpath",
+    "json.decoder", "difflib", "fractions", "heapq", "bisect", "ipaddress", "base64", "glob", "posixpath",
     "csv", "copy", "pprint", "random", "tokenize", "urllib.parse", "email.utils", "gzip", "zipfile", "argparse",
 )  # fmt: skip
 CODE = (
@@ -342,7 +346,7 @@ def fit(h: torch.Tensor, nxt: torch.Tensor, target: torch.Tensor, table: torch.T
     return head
 
 
-def train_guess_head(profile: Profile, out: Path, options: TrainOptions | None = None) -> Path:
+def train_guess_head(profile: Profile, out: Path, phrases: Path, options: TrainOptions | None = None) -> None:
     options = options or TrainOptions()
     model_dir = profile.model_dir("target")
     eng = profile.engine
@@ -358,4 +362,5 @@ def train_guess_head(profile: Profile, out: Path, options: TrainOptions | None =
     weights = {name: t.detach().contiguous() for name, t in head.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file({**weights, "candidates": candidates}, str(out), metadata={"profile": profile.name})
-    return out
+    phrases.parent.mkdir(parents=True, exist_ok=True)
+    save_numpy({"tokens": phrase_tokens(pairs)}, str(phrases), metadata={"profile": profile.name})
