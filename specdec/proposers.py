@@ -196,8 +196,9 @@ class PromptLookup:
             found = NO_MATCH
             if len(tokens) > self.prompt_length:
                 guesses = self._guesses[1] if self._guesses and self._guesses[0] == len(tokens) else []
-                found = self.ngram.lookup(np.asarray(tokens), self._resume, guesses)
-                phrase = self.phrases.draft(tokens) if self.phrases and found.length < GUESS_BELOW else []
+                sequence = np.asarray(tokens)
+                found = self.ngram.lookup(sequence, self._resume, guesses)
+                phrase = self.phrases.draft(sequence) if self.phrases is not None and found.length < GUESS_BELOW else []
                 if phrase:
                     found = Lookup(0, 0, phrase=tuple(phrase))
                 elif guesses and found.length < GUESS_BELOW and not (found.length and tokens[found.start] in guesses):
