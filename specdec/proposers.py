@@ -198,13 +198,13 @@ class PromptLookup:
                 guesses = self._guesses[1] if self._guesses and self._guesses[0] == len(tokens) else []
                 sequence = np.asarray(tokens)
                 found = self.ngram.lookup(sequence, self._resume, guesses)
-                phrase = self.phrases.draft(sequence) if self.phrases is not None and found.length < GUESS_BELOW else []
-                if phrase:
-                    found = Lookup(0, 0, phrase=tuple(phrase))
-                elif guesses and found.length < GUESS_BELOW and not (found.length and tokens[found.start] in guesses):
-                    guess = guesses[0]
-                    after = self.ngram.lookup(np.asarray([*tokens, guess]), self._resume)
-                    found = Lookup(after.start if after.length else len(tokens) + 1, after.length, guess)
+                if found.length < GUESS_BELOW:  # a phrase of the model's, else the guess, may lead
+                    if self.phrases is not None and (phrase := self.phrases.draft(sequence)):
+                        found = Lookup(0, 0, phrase=tuple(phrase))
+                    elif guesses and not (found.length and tokens[found.start] in guesses):
+                        guess = guesses[0]
+                        after = self.ngram.lookup(np.asarray([*tokens, guess]), self._resume)
+                        found = Lookup(after.start if after.length else len(tokens) + 1, after.length, guess)
             self._found = (len(tokens), found)
         return self._found[1]
 
