@@ -2,22 +2,22 @@
 
     .venv/bin/python benchmarks/policy_replay.py [--workload grounded,FILE.jsonl] [--overhead-ms 6]
 
-Generates each prompt's greedy output with the engine the server runs (benchmarks/copy_bound.py's
-generate(): in this process, with the engine's guesses at every point of the output), then
-replays each workload's requests one after another (one user) as spec_decode runs them: prompt
-lookup led by the engine's guesses (PromptLookup), the draft length of each round chosen by the
-adaptive controller (specdec/controller.py, the profile's options), which learns from each
-round's acceptance and cost and asks for a guess only where it would draft from one. Greedy
-verification accepts exactly the common prefix of a draft and the output, so no forward runs
-again. Each round is priced as the engine's forward over its rows (measured here), plus the
-guess where one was asked (measured here, right after a forward), plus --overhead-ms: what a
-served round costs beyond its forward in either arm (Triton's calls, the streamed responses; ~6
-ms at one user on the 2-core development machines); plain decoding pays a step and the overhead
-a token. Against the policy: drafts of the profile's longest throughout, and the best static caps by the
-evidence a round drafts from (a draft the guess leads; the length of lookup's match), a grid.
-`--vary KNOB=V1,V2` also prices the controller with the profile's `speculation.adaptive.KNOB` at
-each value: tune the knobs on your own prompts, e.g. `--vary ema_alpha=0.02,0.1 --vary
-prior_weight=1,8`.
+Generates each prompt's greedy output with the engine the server runs
+(benchmarks/copy_bound.py's generate(): in this process, with the engine's guesses at every
+point of the output), then replays each workload's requests one after another (one user) as
+spec_decode runs them: prompt lookup led by the profile's phrase index and the engine's guesses
+(PromptLookup), the draft length of each round chosen by the adaptive controller
+(specdec/controller.py, the profile's options), which learns from each round's acceptance and
+cost and asks for a guess only where it would draft from one. Greedy verification accepts
+exactly the common prefix of a draft and the output, so no forward runs again. Each round is
+priced as the engine's forward over its rows (measured here), plus the guess where one was asked
+(measured here, right after a forward), plus --overhead-ms: what a served round costs beyond its
+forward in either arm (Triton's calls, the streamed responses; ~6 ms at one user on the 2-core
+development machines); plain decoding pays a step and the overhead a token. Against the policy:
+drafts of the profile's longest throughout, and the best static caps by the evidence a round
+drafts from (a draft the guess leads; the length of lookup's match), a grid. `--vary KNOB=V1,V2`
+also prices the controller with the profile's `speculation.adaptive.KNOB` at each value: tune
+the knobs on your own prompts, e.g. `--vary ema_alpha=0.02,0.1 --vary prior_weight=1,8`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from specdec.config import AdaptiveOptions, load_profile
 from specdec.controller import Controller, ForwardCost
 from specdec.engine.engine import Engine
 from specdec.progress import console
-from specdec.proposers import GUESSED, NgramProposer, PromptLookup
+from specdec.proposers import GUESSED, NgramProposer, PhraseIndex, PromptLookup
 from specdec.tokenizer import TextTokenizer
 from specdec.verify import accepted_length
 
@@ -65,10 +65,10 @@ def guess_seconds(engine: Engine, sample: Sample, repeats: int = 20) -> float:
 
 def replay(samples: list[Sample], options: AdaptiveOptions, ngram: NgramProposer, longest: int,
            step: dict[int, float], guess_s: float, overhead_s: float, caps: Caps | None = None,
-           ) -> tuple[float, float]:  # fmt: skip
+           phrases: PhraseIndex | None = None) -> tuple[float, float]:  # fmt: skip
     """(speedup over plain decoding, tokens a round) of the requests one after another, drafts of
-    at most `longest`; `caps`: fixed drafts of at most caps[evidence] (`longest` where it has
-    none) in place of the controller."""
+    at most `longest`, with the profile's phrase index where given; `caps`: fixed drafts of at
+    most caps[evidence] (`longest` where it has none) in place of the controller."""
     rows = sorted(step)
     controller = Controller(options, target=ForwardCost(rows, [step[r] for r in rows]))
     plain = spec = 0.0
@@ -76,7 +76,7 @@ def replay(samples: list[Sample], options: AdaptiveOptions, ngram: NgramProposer
     for n, sample in enumerate(samples):
         key = f"request {n}"
         controller.start(key, "ngram", longest)
-        lookup = PromptLookup(ngram, len(sample.prompt))
+        lookup = PromptLookup(ngram, len(sample.prompt), phrases)
         tokens, out, done = sample.prompt.tolist(), sample.output, 0
         plain += sample.prefill_s + len(out) * (step[1] + overhead_s)
         spec += sample.prefill_s
@@ -153,10 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     workloads = {w: generate(engine, TextTokenizer(model_dir), [w], args.max_tokens) for w in args.workload.split(",")}
     guess_s = guess_seconds(engine, next(iter(workloads.values()))[0])
     ngram = NgramProposer(options.min_n, options.max_n)
+    phrases = PhraseIndex.load(options.phrases) if options.phrases else None
 
     def price(samples: list[Sample], caps: Caps | None, options: AdaptiveOptions = profile.speculation.adaptive,
               ) -> tuple[float, float]:  # fmt: skip
-        return replay(samples, options, ngram, longest, step, guess_s, args.overhead_ms / 1e3, caps)
+        return replay(samples, options, ngram, longest, step, guess_s, args.overhead_ms / 1e3, caps, phrases)
 
     grid = [{GUESSED: g, 1: one} for g, one in itertools.product((1, 2, 3, 4, 6, longest), (4, 8, longest))]
     console.print(f"Machine: {summary_line(describe())}. Forward ms: 1 row {step[1] * 1e3:.1f}, {longest + 1} "

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,25 +53,45 @@ def token_values(first: np.ndarray, then: np.ndarray, width: int) -> np.ndarray:
     return first[:, None] * then[:, None] ** np.arange(width)
 
 
+SHAPE_WINDOW = 64  # a row count's latest lone forwards: its shape factor is their median
+SHAPE_MIN = 16  # lone forwards of a row count before its own factor counts
+
+
 @dataclass
 class ForwardCost:
     """Seconds of one engine forward as a function of the rows it computes: the shape of a table
-    calibrated at start-up (interpolated, extrapolated linearly beyond it), times one scale that
-    follows the forwards observed since. One scale rather than an entry per row count: in service
-    a forward of few rows often runs beside the server's other work (a lone call's one-row forward
-    took 35 ms against 13 calibrated), and entries moved one by one, kept non-decreasing, had
-    flattened the table (1 to 16 rows all 35-37 ms), which priced extra draft rows at nothing."""
+    calibrated at start-up (interpolated, extrapolated linearly beyond it), corrected row count
+    by row count from the forwards of a lone sequence, times one scale that follows all the
+    forwards observed since.
+
+    One scale rather than an entry per row count: in service a forward of few rows often runs
+    beside the server's other work (a lone call's one-row forward took 35 ms against 13
+    calibrated), and entries moved one by one, kept non-decreasing, had flattened the table (1 to
+    16 rows all 35-37 ms), which priced extra draft rows at nothing.
+
+    The shape is learnt only from forwards while the engine serves one sequence (observe()'s
+    `alone`), where no other request's work runs beside them: the start-up calibration is a best
+    of a few passes at one moment of a shared machine (the same 2-core VM gave 16 rows 1.6x and
+    2.3x one row minutes apart), and a served forward pays a cost every row count pays alike (the
+    threads waking after the round trip), which the scale would multiply into the price of each
+    extra row. Served at one user (the held-out grounded prompts, EPYC, medians): 1 row 10.9 ms,
+    7 rows 11.8, 13 rows 13.6, 16 rows 16.0, where that server's start-up table, scaled, read
+    11.6, 14.5, 22.0 and 27.3 ms. Each count's factor is the median of its latest SHAPE_WINDOW
+    lone forwards over the scaled calibrated time, once it has SHAPE_MIN; counts without one
+    take their neighbours' (interpolated)."""
 
     rows: list[int]
     seconds: list[float]  # as calibrated, made non-decreasing: a noisy dip must not attract drafts
     scale: float = 1.0  # observed / calibrated
-    # calibrated seconds of 0, 1, 2, ... rows, looked up: interpolating took ~35 us a call, and
-    # a round asks several times (the plan, the lockstep, observe_round())
-    _by_rows: np.ndarray = field(init=False, repr=False)
+    shape: dict[int, float] = field(default_factory=dict)  # row count -> its lone forwards / (scale x calibrated)
+    # seconds of 0, 1, 2, ... rows before the scale (calibrated x shape, non-decreasing), looked
+    # up: interpolating took ~35 us a call, and a round asks several times (the plan, the
+    # lockstep, observe_round()); None: to be made again (the shape changed)
+    _by_rows: np.ndarray | None = field(default=None, init=False, repr=False)
+    _lone: dict[int, deque[float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.seconds = np.maximum.accumulate(self.seconds).tolist()
-        self._by_rows = self._interpolated(np.arange(2 * self.rows[-1] + 1))
 
     @classmethod
     def load(cls, path: Path) -> ForwardCost | None:
@@ -78,38 +99,56 @@ class ForwardCost:
             return None
         table = json.loads(path.read_text())
         rows, seconds = [int(r) for r in table["rows"]], [float(s) for s in table["seconds"]]
-        return cls(rows, seconds, float(table.get("scale", 1.0)))
+        shape = {int(r): float(f) for r, f in table.get("shape", {}).items()}
+        return cls(rows, seconds, float(table.get("scale", 1.0)), shape)
 
     def to_json(self) -> str:
-        return json.dumps({"rows": self.rows, "seconds": self.seconds, "scale": self.scale})
+        return json.dumps({"rows": self.rows, "seconds": self.seconds, "scale": self.scale, "shape": self.shape})
 
     def time(self, rows: float) -> float:
         return float(self.times(np.asarray(rows)))
 
     def times(self, rows: np.ndarray) -> np.ndarray:
         """time() of each element of `rows`."""
-        return self.scale * self._calibrated(rows)
+        return self.scale * self._shaped(rows)
 
-    def _calibrated(self, rows: np.ndarray) -> np.ndarray:
+    def _shaped(self, rows: np.ndarray) -> np.ndarray:
+        if self._by_rows is None:
+            whole = np.arange(2 * self.rows[-1] + 1)
+            self._by_rows = np.maximum.accumulate(self._calibrated(whole) * self._factors(whole))
         rows = np.asarray(rows)
         if rows.dtype.kind in "iu" and rows.size and rows.min() >= 0 and rows.max() < len(self._by_rows):
             return self._by_rows[rows]
-        return self._interpolated(rows)
+        return self._calibrated(rows) * self._factors(rows)
 
-    def _interpolated(self, rows: np.ndarray) -> np.ndarray:
+    def _factors(self, rows: np.ndarray) -> np.ndarray:
+        if not self.shape:
+            return np.ones(np.shape(rows))
+        counts = sorted(self.shape)
+        return np.interp(rows, counts, [self.shape[c] for c in counts])  # beyond them: the nearest
+
+    def _calibrated(self, rows: np.ndarray) -> np.ndarray:
         rows = np.maximum(rows, 1.0)
         slope = (self.seconds[-1] - self.seconds[-2]) / (self.rows[-1] - self.rows[-2])
         beyond = self.seconds[-1] + slope * (rows - self.rows[-1])  # the last segment's slope
         return np.where(rows > self.rows[-1], beyond, np.interp(rows, self.rows, self.seconds))
 
-    def observe(self, rows: int, seconds: float, weight: float = 0.05) -> None:
-        """Move the scale toward this forward's time over its calibrated time."""
+    def observe(self, rows: int, seconds: float, alone: bool = False, weight: float = 0.05) -> None:
+        """Move the scale toward this forward's time over its calibrated time; `alone`: the
+        engine served only this forward's sequence, so it also tells the shape."""
         if seconds <= 0 or rows < 1:
             return
-        ratio = seconds / float(self._calibrated(np.asarray(rows)))
+        calibrated = float(self._calibrated(np.asarray(rows)))
+        ratio = seconds / calibrated
         # one stalled forward (the OS, another process) must not swing the scale: clip its pull
         ratio = min(max(ratio, 0.5 * self.scale), 2.0 * self.scale)
         self.scale += weight * (ratio - self.scale)
+        if alone and rows <= self.rows[-1]:
+            lone = self._lone.setdefault(rows, deque(maxlen=SHAPE_WINDOW))
+            lone.append(seconds / (self.scale * calibrated))
+            if len(lone) >= SHAPE_MIN:
+                self.shape[rows] = float(np.median(lone))
+                self._by_rows = None
 
 
 @dataclass

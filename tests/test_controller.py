@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdec.config import AdaptiveOptions
-from specdec.controller import Acceptance, Controller, ForwardCost, Rate, token_values
+from specdec.controller import SHAPE_MIN, SHAPE_WINDOW, Acceptance, Controller, ForwardCost, Rate, token_values
 
 ROWS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -121,7 +121,7 @@ def test_forward_cost_looks_up_whole_rows_as_it_interpolates_them():
     cost.observe(8, 0.03)
     rows = np.arange(0, 60)  # past the table's 2 x 17: extrapolated
     looked_up = cost.times(rows)
-    assert np.array_equal(looked_up, cost.scale * cost._interpolated(rows))
+    assert np.array_equal(looked_up, cost.scale * cost._calibrated(rows))
     assert [cost.time(int(r)) for r in rows] == pytest.approx(looked_up, rel=1e-12)
     assert cost.time(9.5) == pytest.approx((cost.time(9) + cost.time(10)) / 2)
 
@@ -139,6 +139,38 @@ def test_slow_forwards_of_few_rows_leave_extra_rows_their_cost(tmp_path):
     (tmp_path / "cost.json").write_text(cost.to_json())  # as the engine model publishes it
     reloaded = ForwardCost.load(tmp_path / "cost.json")
     assert reloaded is not None and reloaded.time(5) == pytest.approx(cost.time(5))
+    assert cost.shape == {}  # forwards beside other requests' work teach no shape
+
+
+def served_at_one_user(rows: int) -> float:
+    """A served forward: what every row count pays alike (the threads waking after the round
+    trip), then rows that cost little until the compute shows."""
+    return 0.004 + 0.010 + 0.0002 * rows + 0.0008 * max(rows - 12, 0)
+
+
+def test_lone_forwards_teach_the_shape_a_start_up_calibration_got_wrong(tmp_path):
+    """A start-up calibration beside other processes' loading: 16 rows priced at 2.1x one row,
+    where a served forward of 16 rows costs 1.3x. Forwards of the only sequence served correct
+    each row count's price, robust to stalls; row counts never seen take their neighbours'."""
+    cost = ForwardCost(ROWS, [0.009, 0.0095, 0.011, 0.0125, 0.019, 0.035, 0.066])
+    seen = (1, 2, 5, 9, 13, 16)
+    for n in range(1, SHAPE_WINDOW + 1):
+        for i, rows in enumerate(seen):
+            stalled = (n * len(seen) + i) % 8 == 0  # one lone forward in eight runs 5x slow
+            cost.observe(rows, served_at_one_user(rows) * (5 if stalled else 1), alone=True)
+        if n == SHAPE_MIN - 1:
+            assert cost.shape == {}  # too few yet: the calibrated shape, scaled
+    truth = np.array([served_at_one_user(r) for r in seen])
+    assert cost.times(np.array(seen)) / truth == pytest.approx(np.ones(len(seen)), rel=0.1)
+    # what the plan weighs: an extra row's price against a row's, as served
+    assert (cost.time(13) - cost.time(9)) / cost.time(1) == pytest.approx(
+        (served_at_one_user(13) - served_at_one_user(9)) / served_at_one_user(1), abs=0.02
+    )
+    assert cost.time(9) < cost.time(11) < cost.time(13)  # never seen: between its neighbours
+    assert np.all(np.diff(cost.times(np.arange(1, 65))) >= 0)
+    (tmp_path / "cost.json").write_text(cost.to_json())
+    reloaded = ForwardCost.load(tmp_path / "cost.json")
+    assert reloaded is not None and reloaded.times(np.arange(1, 40)) == pytest.approx(cost.times(np.arange(1, 40)))
 
 
 def test_an_idle_server_drafts_long_when_drafts_are_accepted():

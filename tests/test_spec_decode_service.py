@@ -365,12 +365,20 @@ def test_the_controller_follows_the_costs_the_engines_publish(tiny_target, tiny_
     path.write_text('{"rows": [1, 8], "seconds": [0.01, 0.02]}')
     run_all(service, [request(PROMPTS[4], max_tokens=4)])
     assert service.controller.target.seconds == [0.01, 0.02]
-    prompt_rows, first_seconds = engines["target"].recent_forwards[0]
-    assert prompt_rows == len(PROMPTS[4]) and first_seconds > 0
-    path.write_text('{"rows": [1, 8], "seconds": [0.03, 0.05]}')
+    prompt_rows, first_seconds, alone = engines["target"].recent_forwards[0]
+    assert prompt_rows == len(PROMPTS[4]) and first_seconds > 0 and alone
+    path.write_text('{"rows": [1, 8], "seconds": [0.03, 0.05], "shape": {"8": 0.5}}')
     os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
     run_all(service, [request(PROMPTS[0], max_tokens=4)])
-    assert service.controller.target.seconds == [0.03, 0.05]
+    assert service.controller.target.seconds == [0.03, 0.05] and service.controller.target.shape == {8: 0.5}
+    # a forward while another sequence holds a slot is not alone: it teaches the cost no shape
+    target = engines["target"]
+    target.generate([GenerationRequest(np.array(PROMPTS[0]), max_new_tokens=1, sequence_key="other")])
+    target.generate([GenerationRequest(np.array(PROMPTS[4]), max_new_tokens=1)])
+    assert target.recent_forwards[-1][2] is False
+    target.release("other")
+    target.generate([GenerationRequest(np.array(PROMPTS[4]), max_new_tokens=1)])
+    assert target.recent_forwards[-1][2] is True
 
 
 def test_calibration_times_every_row_count_asked_for_and_leaves_the_slots_free(tiny_target, tmp_path):
