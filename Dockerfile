@@ -24,7 +24,6 @@ COPY pyproject.toml README.md ./
 COPY specdec ./specdec
 COPY model_repository ./model_repository
 COPY configs ./configs
-COPY build_scripts ./build_scripts
 COPY docker ./docker
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
  && pip freeze | grep -i '^numpy==' > /tmp/numpy.txt \

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The container's entrypoint: build what the chosen profile needs into its build_dir (a mounted
-# volume keeps engines between runs; steps already done are skipped), then serve it.
+# volume keeps engines between runs; steps already done are skipped), then serve it with
+# `specdec serve`, which restarts a dead tritonserver or Python stub (server.max_restarts) and past
+# that exits 1, ending the container (`docker run --restart on-failure` starts it again).
 #   docker/entrypoint.sh [PROFILE]    default: $SPECDEC_PROFILE, else configs/embedded.yaml
 # Without Docker it runs the same way: with no /opt/tritonserver, `specdec serve` uses the
 # tritonserver of the nvidia-pytriton wheel (CPU), so the embedded profile works end to end.
@@ -19,4 +21,4 @@ args=(--profile "$profile")
 [[ -n ${SPECDEC_HTTP_PORT:-} ]] && args+=(--http-port "$SPECDEC_HTTP_PORT")
 [[ -n ${SPECDEC_GRPC_PORT:-} ]] && args+=(--grpc-port "$SPECDEC_GRPC_PORT")
 [[ -n ${SPECDEC_METRICS_PORT:-} ]] && args+=(--metrics-port "$SPECDEC_METRICS_PORT")
-exec "$python" "$root/build_scripts/serve_profile.py" "${args[@]}"
+exec "$python" -m specdec.cli serve --no-build "${args[@]}"

@@ -56,7 +56,7 @@ def cmd_train_guess_head(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.build import build
-    from specdec.serve import Ports, TritonServer, supervise
+    from specdec.serve import Ports, ServerError, TritonServer, supervise
 
     profile = load_profile(args.profile)
     s = profile.server
@@ -72,8 +72,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    server.start(foreground_log=args.verbose)
     try:
+        server.start(foreground_log=args.verbose)
         with console.status("loading models..."):
             server.wait_ready()
         console.print(
@@ -83,6 +83,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return supervise(server, console.print)
     except KeyboardInterrupt:
         console.print("stopping...")
+    except ServerError as err:
+        console.print(f"[red]error:[/] {err}")
+        return 1
     finally:
         server.stop()
     return 0

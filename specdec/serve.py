@@ -139,6 +139,19 @@ class TritonServer:
             "--backend-config=python,shm-growth-byte-size=16777216",
         ]
 
+    def launch(self, install: TritonInstall) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment that start the server: tritonserver itself, or for a
+        tensorrtllm profile tritonserver under `mpirun` in TensorRT-LLM's orchestrator mode
+        (specdec/build/trtllm.py), which only NVIDIA's container has."""
+        if self.profile.backend != "tensorrtllm":
+            return self.command(install), self.environment(install)
+        from specdec.build.trtllm import TRITON_IMAGE, launch_command
+
+        if install.binary != CONTAINER_SERVER / "bin" / "tritonserver":
+            needs = f"backend tensorrtllm needs NVIDIA's Triton container ({TRITON_IMAGE})"
+            raise ServerError(f"{self.profile.name}: {needs}")
+        return launch_command(self.profile, self.command(install), self.environment(install))
+
     def environment(self, install: TritonInstall) -> dict[str, str]:
         env = dict(os.environ)
         # The Python stub takes its site-packages from the first python3 on PATH.
@@ -155,11 +168,12 @@ class TritonServer:
         drain_path(self.profile.build_path()).unlink(missing_ok=True)  # a crash may have left one
         self.foreground_log = foreground_log
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        argv, env = self.launch(install)
         out = None if foreground_log else open(self.log_file, "wb")  # noqa: SIM115 - closed in stop()
         self._log_handle = out
         self.process = subprocess.Popen(
-            self.command(install),
-            env=self.environment(install),
+            argv,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,  # its own process group: stop() can reach the stubs too
@@ -174,8 +188,9 @@ class TritonServer:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
             with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
-                    self.shared_memory = mapped_shared_memory(self.process.pid) if self.process else set()
-                    self.stubs = python_stubs(self.process.pid) if self.process else []
+                    if self.process is not None:
+                        self.shared_memory = mapped_shared_memory(triton_process(self.process.pid))
+                        self.stubs = python_stubs(self.process.pid)
                     return
             time.sleep(0.5)
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s\n{self.log_tail()}")
@@ -277,9 +292,21 @@ def mapped_shared_memory(pid: int) -> set[Path]:
     return {Path(p) for line in maps.splitlines() if (p := line.split(maxsplit=5)[-1]).startswith("/dev/shm/")}
 
 
+def triton_process(pid: int) -> int:
+    """The tritonserver process: `pid` itself, or the first of its descendants (under mpirun)."""
+    with contextlib.suppress(psutil.Error):
+        launched = psutil.Process(pid)
+        for process in (launched, *launched.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                if process.name() == "tritonserver":
+                    return process.pid
+    return pid
+
+
 def python_stubs(pid: int) -> list[tuple[str, psutil.Process]]:
-    """The Python backend stubs under tritonserver `pid`, each with its model (a stub's command
-    line names the model's <repository>/<model>/<version>/model.py)."""
+    """The Python backend stubs under tritonserver `pid` (or under the mpirun that started it),
+    each with its model (a stub's command line names the model's
+    <repository>/<model>/<version>/model.py)."""
     stubs = []
     with contextlib.suppress(psutil.Error):
         for child in psutil.Process(pid).children(recursive=True):

@@ -19,9 +19,10 @@ from trtllm_checkpoints import GPU_PROFILES, profile_file, tiny_profile
 
 from specdec.build import build
 from specdec.build import trtllm as t
-from specdec.build.render import TEMPLATES, model_templates, render_configs
+from specdec.build.render import TEMPLATES, model_templates, render_configs, render_repository
 from specdec.config import load_profile
 from specdec.contract import ENGINE_INPUTS, ENGINE_OUTPUTS
+from specdec.serve import CONTAINER_SERVER, Ports, TritonInstall, TritonServer
 
 GOLDEN = Path(__file__).parent / "golden" / "trtllm"
 SHARED = ("ensemble", "preprocessing", "postprocessing", "spec_decode")
@@ -187,6 +188,19 @@ def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path, capsys):
     ]
     assert "# [4/4] build draft engine" in out and "not found: set SPECDEC_TRTLLM_EXAMPLES" in out
     assert not profile.build_path().exists()
+
+
+def test_the_container_serves_a_tensorrtllm_profile_under_mpirun(tmp_path):
+    """`specdec serve` (the container's entrypoint) starts NVIDIA's tritonserver under mpirun in
+    orchestrator mode, with the flags and environment it gives any server."""
+    profile = tiny_profile("lookahead", tmp_path)
+    render_repository(profile)
+    server = TritonServer(profile, ports=Ports(8000, 8001, 8002))
+    container = TritonInstall(CONTAINER_SERVER / "bin" / "tritonserver", CONTAINER_SERVER / "backends")
+    argv, env = server.launch(container)
+    assert argv[:4] == ["mpirun", "-n", "1", str(container.binary)]
+    assert set(server.command(container)[1:]) <= set(argv[4:])
+    assert env["TRTLLM_ORCHESTRATOR"] == "1" and env["PATH"] == server.environment(container)["PATH"]
 
 
 def test_launch_in_orchestrator_mode():

@@ -1,12 +1,16 @@
 """The rendered GPU repository's Python models load in the CPU tritonserver (the engines need the
 tensorrtllm backend and a GPU, so only they stay out): preprocessing, postprocessing, and
-spec_decode with its pass-through hook, for an in-engine profile pointed at a tiny checkpoint."""
+spec_decode with its pass-through hook, for an in-engine profile pointed at a tiny checkpoint.
+Started under a launcher process, as the container starts tritonserver under mpirun, the server
+is watched the same way: its stubs and shared memory are found, a dead stub is seen."""
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
+import psutil
 import pytest
 from trtllm_checkpoints import tiny_profile
 
@@ -17,6 +21,9 @@ PYTHON_MODELS = ("preprocessing", "postprocessing", "spec_decode")
 
 
 class PythonModelsOnly(TritonServer):
+    def launch(self, install):
+        return self.command(install), self.environment(install)  # the CPU server: no mpirun, no container
+
     def command(self, install):
         argv = [a for a in super().command(install) if not a.startswith("--model-control-mode")]
         return [*argv, "--model-control-mode=explicit", *(f"--load-model={m}" for m in PYTHON_MODELS)]
@@ -49,3 +56,30 @@ def test_python_models_of_the_gpu_repository_load(tmp_path):
         )
         outputs = {o["name"]: o["data"] for o in answer["outputs"]}
         assert outputs["input_ids"] == [5, 7] and outputs["end_id_out"] == [1]
+
+
+class UnderALauncher(PythonModelsOnly):
+    """tritonserver as a launcher's child, the way mpirun starts it in the container."""
+
+    def launch(self, install):
+        argv, env = super().launch(install)
+        return ["timeout", "600", *argv], env
+
+
+@pytest.mark.server
+def test_a_server_under_a_launcher_is_watched_as_one_started_directly(tmp_path):
+    profile = tiny_profile("lookahead", tmp_path)
+    render_repository(profile)
+    with UnderALauncher(profile, ports=Ports.free()) as server:
+        assert psutil.Process(server.process.pid).name() == "timeout"
+        assert sorted(model for model, _ in server.stubs) == sorted(PYTHON_MODELS)
+        regions = set(server.shared_memory)
+        assert regions and all(r.exists() for r in regions)  # tritonserver's, found under the launcher
+        assert server.failure() is None
+        stub = dict(server.stubs)["spec_decode"]
+        stub.kill()
+        deadline = time.monotonic() + 10
+        while server.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.failure() == "the Python backend stub of spec_decode died"
+    assert not any(r.exists() for r in regions)  # stop() cleared what the server held
