@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,14 +85,17 @@ class ForwardCost:
     seconds: list[float]  # as calibrated, made non-decreasing: a noisy dip must not attract drafts
     scale: float = 1.0  # observed / calibrated
     shape: dict[int, float] = field(default_factory=dict)  # row count -> its lone forwards / (scale x calibrated)
-    # seconds of 0, 1, 2, ... rows before the scale (calibrated x shape, non-decreasing), looked
-    # up: interpolating took ~35 us a call, and a round asks several times (the plan, the
-    # lockstep, observe_round()); None: to be made again (the shape changed)
+    # seconds of 0, 1, 2, ... rows, looked up: interpolating took ~35 us a call, and a round asks
+    # several times (the plan, the lockstep, observe_round()), the engine once a forward. As
+    # calibrated; and before the scale (calibrated x shape, non-decreasing; None: to be made
+    # again, the shape changed)
+    _calibrated_by_rows: np.ndarray = field(init=False, repr=False)
     _by_rows: np.ndarray | None = field(default=None, init=False, repr=False)
     _lone: dict[int, deque[float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.seconds = np.maximum.accumulate(self.seconds).tolist()
+        self._calibrated_by_rows = self._interpolated(np.arange(2 * self.rows[-1] + 1))
 
     @classmethod
     def load(cls, path: Path) -> ForwardCost | None:
@@ -114,12 +118,20 @@ class ForwardCost:
 
     def _shaped(self, rows: np.ndarray) -> np.ndarray:
         if self._by_rows is None:
-            whole = np.arange(2 * self.rows[-1] + 1)
-            self._by_rows = np.maximum.accumulate(self._calibrated(whole) * self._factors(whole))
+            whole = np.arange(len(self._calibrated_by_rows))
+            self._by_rows = np.maximum.accumulate(self._calibrated_by_rows * self._factors(whole))
+        return self._looked_up(self._by_rows, rows, lambda r: self._interpolated(r) * self._factors(r))
+
+    def _calibrated(self, rows: np.ndarray) -> np.ndarray:
+        return self._looked_up(self._calibrated_by_rows, rows, self._interpolated)
+
+    @staticmethod
+    def _looked_up(table: np.ndarray, rows: np.ndarray, otherwise: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """table[rows] for whole row counts within it, else otherwise(rows)."""
         rows = np.asarray(rows)
-        if rows.dtype.kind in "iu" and rows.size and rows.min() >= 0 and rows.max() < len(self._by_rows):
-            return self._by_rows[rows]
-        return self._calibrated(rows) * self._factors(rows)
+        if rows.dtype.kind in "iu" and rows.size and rows.min() >= 0 and rows.max() < len(table):
+            return table[rows]
+        return otherwise(rows)
 
     def _factors(self, rows: np.ndarray) -> np.ndarray:
         if not self.shape:
@@ -127,7 +139,7 @@ class ForwardCost:
         counts = sorted(self.shape)
         return np.interp(rows, counts, [self.shape[c] for c in counts])  # beyond them: the nearest
 
-    def _calibrated(self, rows: np.ndarray) -> np.ndarray:
+    def _interpolated(self, rows: np.ndarray) -> np.ndarray:
         rows = np.maximum(rows, 1.0)
         slope = (self.seconds[-1] - self.seconds[-2]) / (self.rows[-1] - self.rows[-2])
         beyond = self.seconds[-1] + slope * (rows - self.rows[-1])  # the last segment's slope

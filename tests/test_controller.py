@@ -121,7 +121,7 @@ def test_forward_cost_looks_up_whole_rows_as_it_interpolates_them():
     cost.observe(8, 0.03)
     rows = np.arange(0, 60)  # past the table's 2 x 17: extrapolated
     looked_up = cost.times(rows)
-    assert np.array_equal(looked_up, cost.scale * cost._calibrated(rows))
+    assert np.array_equal(looked_up, cost.scale * cost._interpolated(rows))
     assert [cost.time(int(r)) for r in rows] == pytest.approx(looked_up, rel=1e-12)
     assert cost.time(9.5) == pytest.approx((cost.time(9) + cost.time(10)) / 2)
 
