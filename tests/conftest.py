@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +153,16 @@ def variant_profile(base, smollm_dir: Path, name: str, draft_layers: int = 4, **
     )
     build(profile)
     return profile
+
+
+def wait_for(condition, timeout: float = 10.0, interval: float = 0.1) -> bool:
+    """Whether condition() came true within `timeout` seconds (asked every `interval`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
 
 
 # Test servers running now, and what became of those that died: CI's output is all there is to

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import variant_profile, variant_server
+from conftest import variant_profile, variant_server, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,15 +29,6 @@ def counter(server, name: str, **labels) -> float:
     samples = scrape(server.metrics_url)
     assert samples is not None
     return total(samples, name, **labels)
-
-
-def wait_for(condition, timeout: float = 10.0, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return condition()
 
 
 def server_rss(server) -> int:

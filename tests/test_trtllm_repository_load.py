@@ -7,11 +7,11 @@ is watched the same way: its stubs and shared memory are found, a dead stub is s
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 import psutil
 import pytest
+from conftest import wait_for
 from trtllm_checkpoints import tiny_profile
 
 from specdec.build.render import render_repository
@@ -78,8 +78,6 @@ def test_a_server_under_a_launcher_is_watched_as_one_started_directly(tmp_path):
         assert server.failure() is None
         stub = dict(server.stubs)["spec_decode"]
         stub.kill()
-        deadline = time.monotonic() + 10
-        while server.failure() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert wait_for(lambda: server.failure() is not None)
         assert server.failure() == "the Python backend stub of spec_decode died"
     assert not any(r.exists() for r in regions)  # stop() cleared what the server held
