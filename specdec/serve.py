@@ -237,17 +237,24 @@ class TritonServer:
             self.drain()
         proc, self.process = self.process, None
         drain_path(self.profile.build_path()).unlink(missing_ok=True)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
         if proc is not None:
-            # stubs left behind by a crash or a kill share the server's process group
+            # Every process it started, listed before any exits: a launcher (mpirun) may give
+            # tritonserver a process group of its own, and a dead server's stubs are orphans that
+            # only this list (and the process group, where they share it) still reaches.
+            started = [*descendants(proc.pid), *(stub for _, stub in self.stubs)]
+            if proc.poll() is None:
+                # tritonserver itself shuts down gracefully; a launcher need not pass SIGTERM on,
+                # and exits once its child has
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(triton_process(proc.pid), signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=timeout)
+            for process in started:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         for region in self.shared_memory:  # gone already unless the server died
             region.unlink(missing_ok=True)
         self.shared_memory = set()
@@ -292,11 +299,17 @@ def mapped_shared_memory(pid: int) -> set[Path]:
     return {Path(p) for line in maps.splitlines() if (p := line.split(maxsplit=5)[-1]).startswith("/dev/shm/")}
 
 
+def descendants(pid: int) -> list[psutil.Process]:
+    """The processes `pid` started, and theirs ([] once it is gone)."""
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
 def triton_process(pid: int) -> int:
     """The tritonserver process: `pid` itself, or the first of its descendants (under mpirun)."""
     with contextlib.suppress(psutil.Error):
-        launched = psutil.Process(pid)
-        for process in (launched, *launched.children(recursive=True)):
+        for process in (psutil.Process(pid), *descendants(pid)):
             with contextlib.suppress(psutil.Error):
                 if process.name() == "tritonserver":
                     return process.pid
@@ -308,13 +321,12 @@ def python_stubs(pid: int) -> list[tuple[str, psutil.Process]]:
     each with its model (a stub's command line names the model's
     <repository>/<model>/<version>/model.py)."""
     stubs = []
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                command = child.cmdline()
-                if command and Path(command[0]).name == "triton_python_backend_stub":
-                    model_py = next(a for a in command if a.endswith("model.py"))
-                    stubs.append((Path(model_py).parent.parent.name, child))
+    for child in descendants(pid):
+        with contextlib.suppress(psutil.Error):
+            command = child.cmdline()
+            if command and Path(command[0]).name == "triton_python_backend_stub":
+                model_py = next(a for a in command if a.endswith("model.py"))
+                stubs.append((Path(model_py).parent.parent.name, child))
     return stubs
 
 

@@ -2,11 +2,13 @@
 tensorrtllm backend and a GPU, so only they stay out): preprocessing, postprocessing, and
 spec_decode with its pass-through hook, for an in-engine profile pointed at a tiny checkpoint.
 Started under a launcher process, as the container starts tritonserver under mpirun, the server
-is watched the same way: its stubs and shared memory are found, a dead stub is seen."""
+is watched the same way: its stubs and shared memory are found, a dead stub is seen, and stop()
+ends them all whatever process group the launcher gave tritonserver."""
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 
 import psutil
@@ -15,7 +17,7 @@ from conftest import wait_for
 from trtllm_checkpoints import tiny_profile
 
 from specdec.build.render import render_repository
-from specdec.serve import Ports, TritonServer
+from specdec.serve import Ports, TritonServer, alive, triton_process
 
 PYTHON_MODELS = ("preprocessing", "postprocessing", "spec_decode")
 
@@ -61,9 +63,11 @@ def test_python_models_of_the_gpu_repository_load(tmp_path):
 class UnderALauncher(PythonModelsOnly):
     """tritonserver as a launcher's child, the way mpirun starts it in the container."""
 
+    launcher = ("timeout", "600")
+
     def launch(self, install):
         argv, env = super().launch(install)
-        return ["timeout", "600", *argv], env
+        return [*self.launcher, *argv], env
 
 
 @pytest.mark.server
@@ -81,3 +85,25 @@ def test_a_server_under_a_launcher_is_watched_as_one_started_directly(tmp_path):
         assert wait_for(lambda: server.failure() is not None)
         assert server.failure() == "the Python backend stub of spec_decode died"
     assert not any(r.exists() for r in regions)  # stop() cleared what the server held
+
+
+class InASessionOfItsOwn(UnderALauncher):
+    """A launcher that gives tritonserver a session, so a process group, of its own and does not
+    pass SIGTERM on to it; Open MPI's launcher moves its ranks to process groups of their own
+    where it forwards job control."""
+
+    launcher = ("setsid", "--wait")
+
+
+@pytest.mark.server
+def test_stop_ends_a_server_its_launcher_moved_to_another_process_group(tmp_path):
+    profile = tiny_profile("lookahead", tmp_path)
+    render_repository(profile)
+    with InASessionOfItsOwn(profile, ports=Ports.free()) as server:
+        launcher = psutil.Process(server.process.pid)
+        tritonserver = psutil.Process(triton_process(launcher.pid))
+        assert os.getpgid(tritonserver.pid) != os.getpgid(launcher.pid)
+        started = [tritonserver, *(stub for _, stub in server.stubs)]
+        assert len(started) == 1 + len(PYTHON_MODELS)
+    assert not alive(launcher)
+    assert not [p.pid for p in started if alive(p)]  # none left serving, or holding the ports
