@@ -189,6 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         transport=args.transport,
         stream=not args.no_stream,
         temperature=args.temperature,
+        top_p=args.top_p,
         seed=args.seed,
         slo=slo,
         workload_options=WorkloadOptions(args.max_tokens, args.input_tokens, args.input_tokens_stddev, args.seed),
@@ -289,6 +290,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input-tokens", type=int, default=256, help="synthetic prompt length, tokens")
     p.add_argument("--input-tokens-stddev", type=float, default=0.0)
     p.add_argument("--temperature", type=float, help="default: greedy")
+    p.add_argument("--top-p", type=float, help="nucleus cut when sampling (default: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--goodput", nargs="+", metavar="SLO", help="SLOs in ms: ttft:500 tpot:50 e2el:10000")
     p.add_argument("--no-stream", action="store_true", help="one response per request (TTFT = end-to-end)")

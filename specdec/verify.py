@@ -9,7 +9,8 @@ rejection sampler works on tensors; its shapes (B sequences, K = the longest dra
     draft_probs    (B, K, V)   sampling with a stochastic proposer: q, same processing; None
                                for a deterministic proposer (q is one-hot on the draft token)
     uniform        (B, K)      U[0,1) coins for the stochastic accept test
-    noise          (B, K+1, V) Exp(1) noise; argmax(p / noise) is a sample from p
+    sample_uniform (B, K+1)    U[0,1): each position's sample (sampling.sample) from p, or
+                               from the residual where a stochastic draft is rejected
 
 Result: Verdict.num_accepted (B,) and Verdict.tokens (B, K+1): the accepted drafts, then one
 corrected (first rejection) or bonus (all accepted) token, then -1 padding.
@@ -18,7 +19,7 @@ Rejection sampling (Leviathan et al. 2023; Chen et al. 2023): accept x_i with pr
 min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a sample of norm(max(0, p_i - q_i));
 if all are accepted emit a bonus sample of p_{k+1}. The emitted sequence is distributed as p.
 
-For one-hot q this is implemented by coupling: draw y_i ~ p_i with the position's noise and
+For one-hot q this is implemented by coupling: draw y_i ~ p_i with the position's uniform and
 accept iff y_i == x_i. P(accept) = p_i(x_i) = min(1, p/q), and on rejection y_i is distributed as
 p_i restricted to tokens != x_i, which is norm(max(0, p_i - onehot(x_i))). Because y_i is the very
 token plain sampling draws at that position, a seeded request gives identical tokens with and
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-_TINY = torch.finfo(torch.float32).tiny
+from specdec.sampling import sample
 
 
 @dataclass
@@ -81,9 +82,9 @@ def rejection_sample(
     num_draft: torch.Tensor,
     draft_probs: torch.Tensor | None,
     uniform: torch.Tensor,
-    noise: torch.Tensor,
+    sample_uniform: torch.Tensor,
 ) -> Verdict:
-    own_sample = (target_probs / noise.clamp_min(_TINY)).argmax(dim=-1)  # (B, K+1): y_i ~ p_i
+    own_sample = sample(target_probs, sample_uniform)  # (B, K+1): y_i ~ p_i
     if draft_probs is None:
         return _assemble(draft_ids, num_draft, draft_ids == own_sample[:, :-1], own_sample)
 
@@ -92,7 +93,7 @@ def rejection_sample(
     q_x = draft_probs.gather(-1, draft_ids[..., None]).squeeze(-1)
     accepted = uniform * q_x < p_x  # u < p/q, without dividing by a q that may be 0
     residual = (target_probs[:, :k] - draft_probs).clamp_min(0.0)
-    residual_sample = (residual / noise[:, :k].clamp_min(_TINY)).argmax(dim=-1)
+    residual_sample = sample(residual, sample_uniform[:, :k])
     # Where p == q the residual is empty and a rejection has probability 0; keep a valid token.
     residual_sample = torch.where(residual.amax(dim=-1) > 0, residual_sample, own_sample[:, :k])
     in_draft = torch.arange(k + 1, device=draft_ids.device)[None, :] < num_draft[:, None]

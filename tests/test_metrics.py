@@ -249,7 +249,7 @@ def test_cache_salts_keep_arms_and_passes_over_the_prompts_apart():
 def test_baseline_params_turn_speculation_off():
     from specdec.client.workloads import Prompt
 
-    params = BASELINE.params(Prompt("hi", "chat", 8, ignore_eos=True), None, None, "salt")
+    params = BASELINE.params(Prompt("hi", "chat", 8, ignore_eos=True), None, None, None, "salt")
     assert (params.num_draft_tokens, params.draft_method, params.end_id) == (0, "none", -1)
     assert params.tensors()["cache_salt"] == "salt"
 

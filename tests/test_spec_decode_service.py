@@ -329,8 +329,8 @@ def test_the_distribution_test_catches_a_sampler_that_ignores_q(tmp_path, monkey
 
     real = engine_module.verify.rejection_sample
 
-    def accept_all(target, draft, num_draft, draft_probs, uniform, noise):
-        return real(target, draft, num_draft, draft_probs, uniform * 0, noise)
+    def accept_all(target, draft, num_draft, draft_probs, uniform, sample_uniform):
+        return real(target, draft, num_draft, draft_probs, uniform * 0, sample_uniform)
 
     monkeypatch.setattr(engine_module.verify, "rejection_sample", accept_all)
     observed, exact, acceptance = _first_two_tokens(tmp_path)

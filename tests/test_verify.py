@@ -11,6 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec import verify
+from specdec.sampling import sample
 from specdec.verify import Verdict, _assemble
 
 
@@ -56,8 +57,8 @@ def _simulate(sampler, p: torch.Tensor, q: torch.Tensor | None, n: int, length: 
             draft_probs = q[idx[:, :K]]
             draft = torch.multinomial(draft_probs.reshape(-1, V), 1, generator=g).reshape(len(rows), K)
         uniform = torch.rand(len(rows), K, generator=g)
-        noise = torch.empty(len(rows), K + 1, V).exponential_(generator=g)
-        v: Verdict = sampler(target, draft, torch.full((len(rows),), K), draft_probs, uniform, noise)
+        sample_uniform = torch.rand(len(rows), K + 1, dtype=torch.float64, generator=g)
+        v: Verdict = sampler(target, draft, torch.full((len(rows),), K), draft_probs, uniform, sample_uniform)
         for b, row in enumerate(rows.tolist()):
             for tok in v.emitted(b):
                 if pos[row] < length:
@@ -108,14 +109,14 @@ def test_acceptance_rate_is_the_overlap_of_p_and_q(dists):
     draft = torch.multinomial(q[0:1].expand(n, V), 1, generator=g)
     v = verify.rejection_sample(
         p[0:2][None].expand(n, 2, V), draft, torch.ones(n, dtype=torch.int64), q[0:1][None].expand(n, 1, V),
-        torch.rand(n, 1, generator=g), torch.empty(n, 2, V).exponential_(generator=g),
+        torch.rand(n, 1, generator=g), torch.rand(n, 2, dtype=torch.float64, generator=g),
     )  # fmt: skip
     expected = torch.minimum(p[0], q[0]).sum().item()
     assert abs(v.num_accepted.float().mean().item() - expected) < 4 * (expected * (1 - expected) / n) ** 0.5
 
 
 # --- deliberately wrong samplers: the tests above must catch each of them --------------------------
-def _generic(target, draft, num_draft, draft_probs, uniform, noise, residual="ok", bonus="p", accept="ok"):
+def _generic(target, draft, num_draft, draft_probs, uniform, sample_uniform, residual="ok", bonus="p", accept="ok"):
     k = draft.shape[1]
     p_x = target[:, :k].gather(-1, draft[..., None]).squeeze(-1)
     q_x = draft_probs.gather(-1, draft[..., None]).squeeze(-1)
@@ -127,9 +128,9 @@ def _generic(target, draft, num_draft, draft_probs, uniform, noise, residual="ok
         res = target[:, :k]
     else:  # a residual that subtracts only part of q
         res = (target[:, :k] - 0.5 * draft_probs).clamp_min(0)
-    fix = (res / noise[:, :k]).argmax(-1)
-    last = (draft_probs[:, -1] if bonus == "q" else target[:, k]) / noise[:, k]
-    fix = torch.cat([fix, last.argmax(-1, keepdim=True)], dim=1)
+    fix = sample(res, sample_uniform[:, :k])
+    last = sample(draft_probs[:, -1] if bonus == "q" else target[:, k], sample_uniform[:, k])
+    fix = torch.cat([fix, last[:, None]], dim=1)
     return _assemble(draft, num_draft, accepted, fix)
 
 

@@ -62,10 +62,13 @@ class Arm:
             return "baseline"
         return self.draft_method if self.num_draft_tokens is None else f"{self.draft_method}:{self.num_draft_tokens}"
 
-    def params(self, prompt: Prompt, temperature: float | None, seed: int | None, salt: str) -> GenerationParams:
+    def params(
+        self, prompt: Prompt, temperature: float | None, top_p: float | None, seed: int | None, salt: str
+    ) -> GenerationParams:
         return GenerationParams(
             max_tokens=prompt.max_tokens,
             temperature=temperature,
+            top_p=top_p,
             seed=seed,
             num_draft_tokens=0 if self.is_baseline else self.num_draft_tokens,
             draft_method=self.draft_method,
@@ -146,6 +149,7 @@ class BenchConfig:
     transport: str = "grpc"  # grpc | http
     stream: bool = True
     temperature: float | None = None  # None: greedy
+    top_p: float | None = None  # None: the server's default (no cut)
     seed: int = 0
     slo: SLO = field(default_factory=SLO)
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
@@ -360,7 +364,7 @@ class LoadGenerator:
             n, arm = job[0], cfg.arms[job[1]]
             p = n % len(prompts)
             salt = cache_salt("warm-up", arm, n, len(prompts))
-            await self._timed(send, prompts[p], arm.params(prompts[p], cfg.temperature, self._seed(p), salt))
+            await self._timed(send, prompts[p], arm.params(prompts[p], cfg.temperature, cfg.top_p, self._seed(p), salt))
             progress.advance(task)
 
         concurrency = max((load.concurrency or 1) for load in cfg.loads)
@@ -380,7 +384,9 @@ class LoadGenerator:
             n, arm = job[0], arms[job[1]]
             p = n % len(prompts)
             prompt, salt = prompts[p], cache_salt(label, arm, n, len(prompts))
-            record = await self._timed(send, prompt, arm.params(prompt, cfg.temperature, self._seed(p), salt))
+            record = await self._timed(
+                send, prompt, arm.params(prompt, cfg.temperature, cfg.top_p, self._seed(p), salt)
+            )
             sent.append(Sent(arm.name, n, p, prompt.kind, record))
             progress.update(task, advance=1, description=f"{label}  {self._live(sent, load, level_start)}")
 

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from specdec.client.loadgen import (
     BASELINE,
+    BenchConfig,
     BenchResult,
     LevelResult,
     Load,
@@ -277,6 +278,12 @@ def _table(header: Sequence[str], lines: Iterable[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
+def sampling_line(cfg: BenchConfig) -> str:
+    if cfg.temperature is None:
+        return "greedy"
+    return f"temperature {cfg.temperature}" + ("" if cfg.top_p is None else f", top_p {cfg.top_p}")
+
+
 def markdown(result: BenchResult, machine: dict[str, object]) -> str:
     cfg = result.config
     table = rows(result)
@@ -289,7 +296,7 @@ def markdown(result: BenchResult, machine: dict[str, object]) -> str:
         f"Machine: {summary_line(machine)}. Arms: {', '.join(a.name for a in cfg.arms)}, on the same prompts, "
         f"{turns}; "
         f"{loop}; {cfg.num_requests} requests per arm and level; "
-        f"{'greedy' if cfg.temperature is None else f'temperature {cfg.temperature}'}; "
+        f"{sampling_line(cfg)}; "
         f"{'streamed' if cfg.stream else 'not streamed'} over {cfg.transport}.",
         "",
         _table(

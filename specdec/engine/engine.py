@@ -371,7 +371,7 @@ class Engine:
             num_draft,
             q,
             sampling.uniform_noise(params.seed, positions[:-1], self.device)[None],
-            sampling.exponential_noise(params.seed, positions, self.vocab_size, self.device)[None],
+            sampling.sample_uniforms(params.seed, positions, self.device)[None],
         )
         return verdict.emitted(0), int(verdict.num_accepted[0])
 
