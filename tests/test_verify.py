@@ -92,12 +92,40 @@ def dists():
 N = 12000
 
 
+def _coupled(target, draft, num_draft, draft_probs, uniform, sample_uniform) -> Verdict:
+    """sampled_verify (a deterministic draft) over a batch, as rejection_sample's Verdict."""
+    tokens = torch.full((len(draft), draft.shape[1] + 1), -1)
+    num_accepted = torch.zeros(len(draft), dtype=torch.int64)
+    for b in range(len(draft)):
+        emitted, num_accepted[b] = verify.sampled_verify(
+            draft[b, : num_draft[b]].tolist(), lambda i, b=b: int(sample(target[b, i], sample_uniform[b, i]))
+        )
+        tokens[b, : len(emitted)] = torch.tensor(emitted)
+    return Verdict(num_accepted, tokens)
+
+
 @pytest.mark.parametrize("stochastic_draft", [True, False])
-def test_rejection_sampler_emits_the_target_distribution(dists, stochastic_draft):
+def test_verification_emits_the_target_distribution(dists, stochastic_draft):
+    """The rejection sampler with a stochastic draft, coupling with a deterministic one."""
     p, q = dists
-    samples = _simulate(verify.rejection_sample, p, q if stochastic_draft else None, N, length=4, seed=1)
+    sampler = verify.rejection_sample if stochastic_draft else _coupled
+    samples = _simulate(sampler, p, q if stochastic_draft else None, N, length=4, seed=1)
     assert min(_marginal_pvalues(samples, p)) > 1e-3
     assert _joint_pvalue(samples, p) > 1e-3
+
+
+def test_sampled_verify_draws_only_up_to_the_first_rejection():
+    drawn = []
+
+    def sample_at(i):
+        drawn.append(i)
+        return [7, 8, 5, 6, 2][i]
+
+    assert verify.sampled_verify([7, 8, 9, 6], sample_at) == ([7, 8, 5], 2) and drawn == [0, 1, 2]
+    drawn.clear()
+    assert verify.sampled_verify([7, 8], sample_at) == ([7, 8, 5], 2) and drawn == [0, 1, 2]  # the bonus
+    drawn.clear()
+    assert verify.sampled_verify([], sample_at) == ([7], 0) and drawn == [0]  # a plain step
 
 
 def test_acceptance_rate_is_the_overlap_of_p_and_q(dists):

@@ -357,19 +357,21 @@ class Engine:
         ]
 
     def _verify_sampled(self, s: _Seq, rows: torch.Tensor, d: list[int]) -> tuple[list[int], int]:
-        draft = torch.tensor([d], dtype=torch.int64, device=self.device)
-        num_draft = torch.tensor([len(d)], device=self.device)
         params = s.req.sampling
         first_pos = len(s.tokens)  # absolute position of the first token this step emits
+        if not d or s.req.draft_logits is None:  # a deterministic draft (or none)
+
+            def sample_at(i: int) -> int:
+                u = sampling.sample_uniforms(params.seed, [first_pos + i], self.device)
+                return int(sampling.sample(sampling.probs_row(rows[i], params), u[0]))
+
+            return verify.sampled_verify(d, sample_at)
         positions = list(range(first_pos, first_pos + len(d) + 1))
-        q = None
-        if d and s.req.draft_logits is not None:
-            q = sampling.probs(torch.as_tensor(s.req.draft_logits, device=self.device), params)[None]
         verdict = verify.rejection_sample(
             sampling.probs(rows, params)[None],
-            draft,
-            num_draft,
-            q,
+            torch.tensor([d], dtype=torch.int64, device=self.device),
+            torch.tensor([len(d)], device=self.device),
+            sampling.probs(torch.as_tensor(s.req.draft_logits, device=self.device), params)[None],
             sampling.uniform_noise(params.seed, positions[:-1], self.device)[None],
             sampling.sample_uniforms(params.seed, positions, self.device)[None],
         )
