@@ -315,7 +315,7 @@ class SpecDecodeService:
         async with self.admission.admitted():
             self.metrics.in_flight(self.admission.in_flight)
             self._load_costs()
-            self.controller.start(key, req.proposer, req.spec.num_draft_tokens)
+            self.controller.start(key, req.proposer, req.spec.num_draft_tokens, sampled=not sampling.greedy)
             try:
                 with self.lockstep.member() as member:
                     round_start = time.perf_counter()

@@ -92,6 +92,21 @@ def test_a_request_starts_from_its_proposers_first_token_rate_and_its_own_drafts
     assert ctl.rates("a")[1] < 0.3  # its next tokens never accepted: far below its first tokens
 
 
+def test_sampled_requests_start_from_the_sampled_requests_drafts():
+    """Greedy requests whose drafts are all accepted say nothing of sampled ones, which a draft
+    token fits less often: each starts from its own kind's recent rate."""
+    ctl = controller()
+    ctl.start("greedy", "ngram", 8)
+    ctl.start("sampled", "ngram", 8, sampled=True)
+    for _ in range(100):
+        ctl.observe("greedy", 4, 4)
+        ctl.observe("sampled", 4, 0)
+    ctl.start("next greedy", "ngram", 8)
+    ctl.start("next sampled", "ngram", 8, sampled=True)
+    assert ctl.rates("next greedy")[0] > 0.9 and ctl.rates("next sampled")[0] < 0.1
+    assert set(ctl.recent) == {"ngram", "ngram sampled"}
+
+
 def test_one_token_drafts_leave_the_next_tokens_at_the_first_tokens_rate():
     ctl = controller()
     ctl.start("a", "ngram", 8)
