@@ -8,7 +8,7 @@ Rejection sampling (Leviathan et al. 2023; Chen et al. 2023): accept x_i with pr
 min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a sample of norm(max(0, p_i - q_i));
 if all are accepted emit a bonus sample of p_{k+1}. The emitted sequence is distributed as p.
 
-For a deterministic draft (prompt lookup, a greedy draft model: q one-hot on x_i) this is
+For a deterministic draft (prompt lookup, the engine's guess: q one-hot on x_i) this is
 coupling (sampled_verify): draw y_i ~ p_i with the position's uniform and accept iff y_i == x_i.
 P(accept) = p_i(x_i) = min(1, p/q), and on rejection y_i is distributed as p_i restricted to
 tokens != x_i, which is norm(max(0, p_i - onehot(x_i))). Because y_i is the very token plain
