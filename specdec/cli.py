@@ -148,7 +148,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from specdec.client import commands
-    from specdec.client.check import CheckArm
+    from specdec.client.check import TOKEN_EXACT_WHEN_SAMPLED, CheckArm, Sampled, sampled_check_error
     from specdec.client.loadgen import parse_counts
 
     profile = load_profile(args.profile)
@@ -156,7 +156,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         args.proposers.split(",") if args.proposers else [a.draft_method for a in commands.default_arms(profile)[1:]]
     )
     arms = [CheckArm(p, k) for p in proposers for k in parse_counts(args.num_draft_tokens)]
-    return commands.check(profile, args.url, arms, args.workload, args.num_prompts, args.max_tokens, args.concurrency)
+    sampled = None
+    if args.temperature:
+        sampled = Sampled(args.temperature, args.top_p, args.seed)
+        if not args.proposers:  # the profile's proposers: those a sampled check can compare
+            arms = [a for a in arms if a.proposer in TOKEN_EXACT_WHEN_SAMPLED]
+        if error := sampled_check_error(arms):
+            raise SystemExit(f"specdec check: {error}")
+    return commands.check(
+        profile, args.url, arms, args.workload, args.num_prompts, args.max_tokens, args.concurrency, sampled
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -254,7 +263,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     workloads = "grounded, chat, mixed, synthetic, or a genai-perf .jsonl file"
-    p = sub.add_parser("check", help="greedy speculation against plain decoding: report any token that differs")
+    p = sub.add_parser("check", help="speculation against plain decoding: report any token that differs")
     _add_profile(p)
     _add_url(p)
     p.add_argument("--proposers", help="comma-separated (ngram,draft_model); default: those the profile has")
@@ -263,6 +272,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=12)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight, mixed across arms")
+    p.add_argument("--temperature", type=float, help="sample (prompt lookup only); default: greedy")
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i in every arm")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("bench", help="load generator: speculation against the baseline across load levels")

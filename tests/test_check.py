@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from specdec.client.check import CheckArm, compare, first_difference, run_check
+from specdec.client.check import CheckArm, Sampled, compare, first_difference, run_check
 from specdec.client.client import GenerationParams, Record
 
 
@@ -69,6 +69,22 @@ def test_check_passes_identical_outputs_and_reports_errors_apart():
     assert report.errors == [("ngram:1", 1, "engine failed")]
 
 
+def test_a_sampled_check_gives_each_prompt_one_seed_in_every_arm():
+    server = FakeServer()
+    arms = [CheckArm("ngram", 1), CheckArm("ngram", 4)]
+    report = asyncio.run(run_check(server, [[0], [1]], arms, 8, None, sampled=Sampled(0.7, 0.9, seed=5)))
+    assert report.passed
+    seeds = {(p.draft_method, p.num_draft_tokens, p.seed) for p in server.calls}
+    assert {seed for *_, seed in seeds} == {5, 6} and len(seeds) == 3 * 2
+    assert all(p.temperature == 0.7 and p.top_p == 0.9 for p in server.calls)
+
+
+def test_a_sampled_check_refuses_the_draft_model():
+    """Its sampled drafts are exact in distribution, not token for token."""
+    with pytest.raises(ValueError, match="draft_model"):
+        asyncio.run(run_check(FakeServer(), [[0]], ARMS, 8, None, sampled=Sampled(0.7)))
+
+
 @pytest.mark.server
 def test_check_against_the_real_server(server, tokenizer):
     from specdec.client.client import TritonClient
@@ -85,3 +101,27 @@ def test_check_against_the_real_server(server, tokenizer):
     report = asyncio.run(main())
     assert report.passed, (report.mismatches, report.errors)
     assert sum(r.total_draft_tokens for r in report.records["ngram:3"]) > 0
+
+
+@pytest.mark.server
+def test_sampled_check_against_the_real_server(server, tokenizer):
+    """Seeded sampling with prompt lookup's drafts reproduces plain sampling token for token, with
+    drafts both accepted and rejected."""
+    from specdec.client.client import TritonClient
+    from specdec.client.workloads import WorkloadOptions, load_workload
+
+    prompts = load_workload("grounded", WorkloadOptions())[:3]
+    ids = [tokenizer.encode(tokenizer.chat_prompt(p.text)) for p in prompts]
+
+    async def main():
+        async with TritonClient(server.grpc_url) as client:
+            return await run_check(client, ids, [CheckArm("ngram", 4)], 32, tokenizer.eos_id,
+                                   sampled=Sampled(0.8, 0.95, seed=11))  # fmt: skip
+
+    report = asyncio.run(main())
+    assert report.passed, (report.mismatches, report.errors)
+    records = report.records["ngram:4"]
+    drafted, accepted = (
+        sum(getattr(r, f) for r in records) for f in ("total_draft_tokens", "total_accepted_draft_tokens")
+    )
+    assert 0 < accepted < drafted

@@ -1,9 +1,13 @@
-"""`specdec check`: greedy speculation must reproduce plain decoding token for token.
+"""`specdec check`: speculation must reproduce plain decoding token for token.
 
 Every prompt runs with speculation off (the baseline: draft_method none) and with each proposer
-and draft length, greedy, through spec_decode with token ids (no tokenizer between us and the
-tokens). All the requests of a check are in flight together, `concurrency` at a time and mixed
-across arms, so exactness is checked under batching too. Any prompt whose tokens differ from the
+and draft length through spec_decode with token ids (no tokenizer between us and the tokens):
+greedy, or sampled with a seed per prompt (`Sampled`), which a deterministic proposer (prompt
+lookup) must reproduce too: a draft token is accepted only where it is the token plain sampling
+draws with that seed (specdec/verify.py). A draft model's sampled drafts are verified by
+rejection sampling, exact in distribution only, so a sampled check takes prompt lookup alone.
+All the requests of a check are in flight together, `concurrency` at a time and mixed across
+arms, so exactness is checked under batching too. Any prompt whose tokens differ from the
 baseline is reported with the first differing position.
 """
 
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from specdec.client.client import GenerationParams, Record
@@ -28,6 +32,22 @@ class CheckArm:
 
 
 BASELINE = CheckArm("none", 0)
+TOKEN_EXACT_WHEN_SAMPLED = ("none", "ngram")  # proposers whose sampled tokens equal plain sampling's
+
+
+@dataclass(frozen=True)
+class Sampled:
+    temperature: float
+    top_p: float | None = None
+    seed: int = 0  # prompt i samples with seed + i, in every arm
+
+
+def sampled_check_error(arms: Sequence[CheckArm]) -> str | None:
+    """Why a sampled check cannot take these arms, or None."""
+    others = sorted({a.proposer for a in arms} - set(TOKEN_EXACT_WHEN_SAMPLED))
+    if others:
+        return f"--temperature: a sampled check compares tokens, which only prompt lookup reproduces; drop {others}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -87,24 +107,30 @@ async def run_check(
     end_id: int | None,
     concurrency: int = 4,
     on_done: Callable[[], None] | None = None,
+    sampled: Sampled | None = None,
 ) -> CheckReport:
-    """Run every prompt with the baseline and each arm; compare the tokens with the baseline's."""
+    """Run every prompt with the baseline and each arm; compare the tokens with the baseline's.
+    sampled: sample instead of greedy decoding (the arms must be TOKEN_EXACT_WHEN_SAMPLED)."""
     all_arms = [BASELINE, *(a for a in arms if a != BASELINE)]
+    if sampled is not None and (error := sampled_check_error(all_arms)):
+        raise ValueError(error)
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(ids: list[int], arm: CheckArm) -> Record:
+    async def one(prompt: int, arm: CheckArm) -> Record:
         params = GenerationParams(
             max_tokens=max_tokens, num_draft_tokens=arm.num_draft_tokens, draft_method=arm.proposer, end_id=end_id
         )
+        if sampled is not None:
+            params = replace(params, temperature=sampled.temperature, top_p=sampled.top_p, seed=sampled.seed + prompt)
         async with gate:
-            record = await client.generate_ids(ids, params)
+            record = await client.generate_ids(prompt_ids[prompt], params)
         if on_done is not None:
             on_done()
         return record
 
     # prompt by prompt, so the arms of a prompt run side by side
-    jobs = [(ids, arm) for ids in prompt_ids for arm in all_arms]
-    done = await asyncio.gather(*(one(ids, arm) for ids, arm in jobs))
+    jobs = [(prompt, arm) for prompt in range(len(prompt_ids)) for arm in all_arms]
+    done = await asyncio.gather(*(one(prompt, arm) for prompt, arm in jobs))
     records = {arm.name: list(done[j :: len(all_arms)]) for j, arm in enumerate(all_arms)}
     baseline = [r.ids for r in records[BASELINE.name]]
     others = {arm.name: [r.ids for r in records[arm.name]] for arm in all_arms[1:]}

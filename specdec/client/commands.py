@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from specdec.client.check import CheckArm, CheckReport, run_check
+from specdec.client.check import CheckArm, CheckReport, Sampled, run_check
 from specdec.client.client import TritonClient
 from specdec.client.loadgen import BASELINE, Arm, BenchConfig, run_bench
 from specdec.client.machine import describe
@@ -65,8 +65,8 @@ def default_arms(profile: Profile) -> list[Arm]:
 
 
 # --- check ----------------------------------------------------------------------------------------
-def _check_table(report: CheckReport) -> Table:
-    table = Table(title="greedy tokens against the baseline (speculation off)")
+def _check_table(report: CheckReport, sampled: bool) -> Table:
+    table = Table(title=f"{'sampled' if sampled else 'greedy'} tokens against the baseline (speculation off)")
     for col in ("arm", "prompts", "identical", "first difference (prompt: token)", "acceptance", "errors"):
         table.add_column(col, justify="right" if col in ("prompts", "identical", "acceptance", "errors") else "left")
     for arm in report.arms[1:]:
@@ -87,7 +87,7 @@ def _check_table(report: CheckReport) -> Table:
 
 
 def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload: str, num_prompts: int,
-          max_tokens: int, concurrency: int) -> int:  # fmt: skip
+          max_tokens: int, concurrency: int, sampled: Sampled | None = None) -> int:  # fmt: skip
     with server_for(profile, url) as server:
         tokenizer = tokenizer_for(profile)
         if tokenizer is None:
@@ -102,10 +102,14 @@ def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload:
                 with progress_bar(transient=True) as progress:
                     task = progress.add_task("check", total=len(prompts) * (len(arms) + 1))
                     return await run_check(client, prompt_ids, arms, max_tokens, tokenizer.eos_id, concurrency,
-                                           on_done=lambda: progress.advance(task))  # fmt: skip
+                                           on_done=lambda: progress.advance(task), sampled=sampled)  # fmt: skip
 
         report = asyncio.run(main())
-    console.print(_check_table(report))
+    how = "greedy"
+    if sampled is not None:
+        top_p = "" if sampled.top_p is None else f", top_p {sampled.top_p}"
+        how = f"sampled at temperature {sampled.temperature}{top_p}, prompt i with seed {sampled.seed} + i"
+    console.print(_check_table(report, sampled is not None))
     for m in report.mismatches:
         ids = report.records[m.arm][m.prompt].ids
         console.print(
@@ -118,7 +122,7 @@ def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload:
     for arm, prompt, error in report.errors:
         console.print(f"[red]error[/] {arm} prompt {prompt}: {error}", highlight=False)
     verdict = "[green]all identical[/]" if report.passed else "[red]DIFFERENCES OR ERRORS[/]"
-    console.print(f"{verdict}: {len(prompts)} prompts x {len(arms)} arms, {max_tokens} tokens at most")
+    console.print(f"{verdict}: {len(prompts)} prompts x {len(arms)} arms, {max_tokens} tokens at most, {how}")
     return 0 if report.passed else 1
 
 
