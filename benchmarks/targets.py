@@ -24,7 +24,9 @@ machine's noise alone. At C >= 8 a cell has four rounds, too few for an interval
 The arms take turns in blocks of C requests on one server (specdec.client.loadgen), in a rotating
 order; each arm runs every prompt of the workload at least once and at least four blocks (eight
 requests at C = 1), so a figure speaks for the whole workload, not its first prompts. All texts
-are compared with the baseline's (greedy). Where a workload's prompts carry a task label (`kind`:
+are compared with the baseline's: greedy, or with --temperature (and --top-p) sampled with a seed
+per prompt, which prompt lookup reproduces too (the targets are greedy figures; a sampled run
+says how sampled requests fare against the same bounds). Where a workload's prompts carry a task label (`kind`:
 summarise, edit, qa, code in the grounded sets), each cell's speedup is also given by task: the
 grounded figure depends on the mix of tasks (copy-edits and code run far ahead of summaries and
 answers). Where tritonserver or one of its stubs dies during a cell (the README's operations
@@ -48,7 +50,7 @@ from specdec.build import build
 from specdec.client.loadgen import BASELINE, Arm, BenchConfig, Load, level_summaries, paired_rounds, run_bench
 from specdec.client.machine import describe, summary_line
 from specdec.client.metrics import SLO, ArmSummary, ratio_interval
-from specdec.client.report import by_task, same_text_as_baseline
+from specdec.client.report import by_task, same_text_as_baseline, sampling_line
 from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.config import load_profile
 from specdec.engine.engine import Engine
@@ -110,9 +112,10 @@ def after_first_token(arm: ArmSummary, concurrency: int) -> float | None:
     return (arm.output_tokens - arm.ttft.count) / seconds if seconds > 0 else None
 
 
-def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrency: int, max_tokens: int) -> dict:
+def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrency: int, max_tokens: int,
+          temperature: float | None = None, top_p: float | None = None) -> dict:  # fmt: skip
     """One cell: the three arms (the baseline, `ngram`, the A/A arm) on `workload` (a built-in
-    name or a .jsonl file) at concurrency C."""
+    name or a .jsonl file) at concurrency C; greedy, or sampled at `temperature`."""
     options = WorkloadOptions(max_tokens=max_tokens)
     prompts = load_workload(workload, options)
     config = BenchConfig(
@@ -126,6 +129,8 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
         block_size=concurrency,
         warmup=1,
         workload_options=options,
+        temperature=temperature,
+        top_p=top_p,
     )
     result = run_bench(config, {workload: prompts}, server.grpc_url, server.metrics_url,
                        server.process.pid)  # fmt: skip
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     ap.add_argument("--grounded", default="grounded", help="input-grounded prompts: built-in, or a .jsonl file")
     ap.add_argument("--open", default="chat", help="open-ended prompts: built-in chat, or a .jsonl file")
+    ap.add_argument("--temperature", type=float, help="sample (a seed per prompt); default: greedy")
+    ap.add_argument("--top-p", type=float)
     args = ap.parse_args(argv)
     workloads = {"grounded": args.grounded, "chat": args.open}
     options = WorkloadOptions(max_tokens=args.max_tokens)
@@ -220,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     with TritonServer(profile, ports=Ports.free()) as server:
         for role, workload in workloads.items():
             for c in levels:
-                rows.append(surviving_sweep(server, ngram, role, workload, c, args.max_tokens))
+                rows.append(surviving_sweep(server, ngram, role, workload, c, args.max_tokens, args.temperature,
+                                            args.top_p))  # fmt: skip
                 console.print(rows[-1])
     first = {r["workload"]: r for r in rows if r["concurrency"] == 1}["grounded"]
     plain_tok_s = 1 / first["baseline_tpot_p50_s"]
@@ -244,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     prompts = ", ".join(f"{role}: {source}" for role, source in workloads.items())
     dtype = resolve_dtype(profile.engine.dtype, profile.engine.device)
-    lines = [f"Machine: {summary_line(machine)}. Engine dtype: {dtype}. Prompts: {prompts}.", ""]
+    lines = [
+        f"Machine: {summary_line(machine)}. Engine dtype: {dtype}. Prompts: {prompts}. "
+        f"Decoding: {sampling_line(args.temperature, args.top_p)}.",
+        "",
+    ]
     lines += ["| figure | measured | target | met (unrounded) |", "|---|---|---|---|"]
     lines += [f"| {' | '.join(figure)} |" for figure in figures]
     restarted = [f"{r['workload']} c={r['concurrency']} ({r['server_restarts']})" for r in rows if r["server_restarts"]]
@@ -280,7 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "targets.md").write_text("\n".join(lines) + "\n")
     (args.out / "targets.json").write_text(
         json.dumps(
-            {"machine": machine, "dtype": dtype, "figures": figures, "verification": verify, "levels": rows}, indent=1
+            {
+                "machine": machine,
+                "dtype": dtype,
+                "decoding": sampling_line(args.temperature, args.top_p),
+                "figures": figures,
+                "verification": verify,
+                "levels": rows,
+            },
+            indent=1,
         )
     )
     console.print("\n".join(lines))

@@ -21,7 +21,6 @@ from rich.table import Table
 
 from specdec.client.loadgen import (
     BASELINE,
-    BenchConfig,
     BenchResult,
     LevelResult,
     Load,
@@ -278,10 +277,10 @@ def _table(header: Sequence[str], lines: Iterable[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-def sampling_line(cfg: BenchConfig) -> str:
-    if cfg.temperature is None:
+def sampling_line(temperature: float | None, top_p: float | None) -> str:
+    if temperature is None:
         return "greedy"
-    return f"temperature {cfg.temperature}" + ("" if cfg.top_p is None else f", top_p {cfg.top_p}")
+    return f"temperature {temperature}" + ("" if top_p is None else f", top_p {top_p}")
 
 
 def markdown(result: BenchResult, machine: dict[str, object]) -> str:
@@ -296,7 +295,7 @@ def markdown(result: BenchResult, machine: dict[str, object]) -> str:
         f"Machine: {summary_line(machine)}. Arms: {', '.join(a.name for a in cfg.arms)}, on the same prompts, "
         f"{turns}; "
         f"{loop}; {cfg.num_requests} requests per arm and level; "
-        f"{sampling_line(cfg)}; "
+        f"{sampling_line(cfg.temperature, cfg.top_p)}; "
         f"{'streamed' if cfg.stream else 'not streamed'} over {cfg.transport}.",
         "",
         _table(
