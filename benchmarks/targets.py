@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, help="sample (a seed per prompt); default: greedy")
     ap.add_argument("--top-p", type=float)
     args = ap.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    if 1 not in levels:  # (figures 1 and 3 are one user's: found missing after the whole sweep, before)
+        ap.error("--concurrency must include 1: plain decoding and the grounded figure are measured at one user")
     workloads = {"grounded": args.grounded, "chat": args.open}
     options = WorkloadOptions(max_tokens=args.max_tokens)
     for source in workloads.values():
@@ -222,7 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     verify = verification_cost(engine)
     weights = engine.model.weight_bytes()
     del engine  # its memory, before the server's engines load
-    levels = [int(c) for c in args.concurrency.split(",")]
     rows = []
     with TritonServer(profile, ports=Ports.free()) as server:
         for role, workload in workloads.items():

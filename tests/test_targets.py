@@ -10,7 +10,7 @@ import pytest
 from specdec.client.metrics import ArmSummary, stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from targets import after_first_token, target, verdict
+from targets import after_first_token, main, target, verdict
 
 
 def test_a_figure_that_rounds_to_its_target_but_falls_short_is_not_met():
@@ -45,3 +45,11 @@ def test_after_the_first_token_leaves_out_the_prefill_and_its_token():
     # the same requests two at a time: the busy time is their time over the two slots
     assert after_first_token(_arm(202, 1.2, [0.2, 0.2]), concurrency=2) == pytest.approx(200.0)
     assert after_first_token(_arm(0, 0.0, []), concurrency=1) is None
+
+
+def test_a_sweep_without_one_user_is_refused_before_it_runs(capsys):
+    """Plain decoding and the grounded figure are one user's: a sweep without it used to run for
+    minutes and then fail."""
+    with pytest.raises(SystemExit):
+        main(["--concurrency", "16,32"])
+    assert "--concurrency must include 1" in capsys.readouterr().err
