@@ -14,7 +14,7 @@ from specdec.client.check import CheckArm, CheckReport, Sampled, run_check
 from specdec.client.client import TritonClient
 from specdec.client.loadgen import BASELINE, Arm, BenchConfig, run_bench
 from specdec.client.machine import describe
-from specdec.client.report import terminal_table, write_report
+from specdec.client.report import sampling_line, terminal_table, write_report
 from specdec.client.server_stats import find_listening_pid
 from specdec.client.workloads import Prompt, WorkloadOptions, load_workload
 from specdec.config import Profile
@@ -107,8 +107,7 @@ def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload:
         report = asyncio.run(main())
     how = "greedy"
     if sampled is not None:
-        top_p = "" if sampled.top_p is None else f", top_p {sampled.top_p}"
-        how = f"sampled at temperature {sampled.temperature}{top_p}, prompt i with seed {sampled.seed} + i"
+        how = f"sampled at {sampling_line(sampled.temperature, sampled.top_p)}, prompt i with seed {sampled.seed} + i"
     console.print(_check_table(report, sampled is not None))
     for m in report.mismatches:
         ids = report.records[m.arm][m.prompt].ids
