@@ -9,18 +9,22 @@ the uniform that decides the token at position j is the same whatever else is in
 whether j is reached by a plain step or by a verification. With a deterministic proposer, the
 rejection sampler (verify.py) then emits exactly the tokens plain sampling emits for that seed.
 
-A token is drawn by inverting p's cumulative sum at one uniform (sample()): one random number a
+A token is drawn by inverting p's cumulative sum at one uniform (draw()): one random number a
 position. Gumbel-style noise, one Exp(1) per vocabulary entry, cost 0.9 ms a row on the CPU
 (49152 entries), which a verification pays for every row: 8 ms of a 7-row round against a
-10 ms forward (the session of 2026-12-04, HISTORY item 40).
+10 ms forward (the session of 2026-12-04, HISTORY item 40). draw() takes the rows of a batch in
+one call: one row at a time, sampling was 16% of the engine's time at 32 users with top_p.
 
-Rows are processed one at a time on purpose: a torch reduction over a (M, V) tensor may order
-its additions differently for different M, and a last-bit difference in p can flip a sample.
+A row's result must not depend on the other rows of the call (a last-bit difference in p can
+flip a sample), so every step is one of torch's row-by-row kernels (softmax, topk, cumsum,
+searchsorted) and never a reduction along a row: torch.sum splits a lone row between threads
+and not a row of several, so its order of additions depends on how many rows there are.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -97,50 +101,73 @@ def _uniforms(seed: int, positions: list[int], stream: int, dtype: torch.dtype, 
 
 
 def sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """(..., V) probabilities (not necessarily normalised), (...) uniforms -> (...) int64: the token
-    where each row's cumulative sum (in float64) first exceeds its uniform times the row's total.
-    A token of probability 0 is never drawn; a row of zeros gives V - 1 (a caller that can have
-    one replaces it). Row by row, as probs()."""
+    """(..., V) probabilities (not necessarily normalised), (...) uniforms -> (...) int64: the index
+    where each row's running sum (in float64) first exceeds its uniform times the row's total
+    (u x total < total for u < 1, so there is one). An index of probability 0 is never drawn; a
+    row of zeros gives V - 1 (a caller that can have one replaces it)."""
     flat_p, flat_u = probs.reshape(-1, probs.shape[-1]), uniform.reshape(-1)
-    out = torch.empty(len(flat_u), dtype=torch.int64, device=probs.device)
-    for i in range(len(flat_u)):
-        cdf = torch.cumsum(flat_p[i].double(), dim=0)
-        out[i] = torch.searchsorted(cdf, (flat_u[i] * cdf[-1]).reshape(1), right=True)[0]
-    return out.clamp_(max=probs.shape[-1] - 1).reshape(uniform.shape)
+    drawn = torch.empty(len(flat_u), dtype=torch.int64, device=probs.device)
+    for i, (row, u) in enumerate(zip(flat_p, flat_u, strict=True)):
+        cdf = torch.cumsum(row, dim=0, dtype=torch.float64)
+        drawn[i] = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0]
+    return drawn.clamp_(max=probs.shape[-1] - 1).reshape(uniform.shape)
 
 
-def probs_row(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(V,) logits -> (V,) probabilities after temperature, top-k and top-p (float32)."""
-    z = logits.float() / params.temperature
-    vocab = z.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(z, params.top_k).values[-1]
-        z = z.masked_fill(z < kth, -math.inf)
-    p = torch.softmax(z, dim=-1)
-    if params.top_p < 1.0:
-        p = _top_p(p, params.top_p)
-    return p
-
-
-TOP_P_PREFIXES = (256, 4096)  # most likely tokens _top_p looks among before it sorts them all
-
-
-def _top_p(p: torch.Tensor, top_p: float) -> torch.Tensor:
-    """p cut to the most likely tokens until the kept mass reaches top_p, renormalised. It sorts
-    only a prefix of the most likely tokens where the cut falls within it (their running sum is
-    the sorted row's): sorting all 49152 took 3.5 ms a row, the largest 256 0.1 ms."""
-    vocab = p.shape[-1]
-    for size in [n for n in TOP_P_PREFIXES if n < vocab] + [vocab]:
-        top, order = torch.topk(p, size)  # descending
-        mass_before = torch.cumsum(top, dim=-1) - top
-        if size == vocab or bool(mass_before[-1] >= top_p):
-            break
-    keep = mass_before < top_p  # until the kept mass reaches top_p; the most likely always
-    keep[0] = True
-    kept = torch.zeros_like(p).scatter_(0, order[keep], top[keep])
-    return kept / kept.sum()
+def draw(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:
+    """(M, V) logits, (M,) uniforms (sample_uniforms) -> (M,) int64: the token each row samples.
+    sample() over the row's probabilities in id order, or with top_p over its kept tokens from
+    the most likely (the order _nucleus finds them in), which skips a pass over the vocabulary."""
+    p = _softmax(logits, params)
+    if params.top_p >= 1.0:
+        return sample(p, uniforms)
+    tokens = torch.empty(len(p), dtype=torch.int64, device=p.device)
+    for rows, top, ids in _nucleus(p, params.top_p):
+        tokens[rows] = ids.gather(1, sample(top, uniforms[rows])[:, None])[:, 0]
+    return tokens
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(R, V) logits -> (R, V) probabilities, row by row (see the module note)."""
-    return torch.stack([probs_row(row, params) for row in logits]) if len(logits) else logits.float()
+    """(M, V) logits -> (M, V) the normalised probabilities draw() samples from (float32), for
+    the rejection sampler of a stochastic draft."""
+    p = _softmax(logits, params)
+    if params.top_p < 1.0:
+        kept = torch.zeros_like(p)
+        for rows, top, ids in _nucleus(p, params.top_p):
+            kept[rows] = torch.zeros_like(p[rows]).scatter_(1, ids, top)
+        p = kept
+    # the total as a running sum: a reduction's order over a row depends on the other rows
+    # (a lone row's is split between threads), and a row's probabilities must not
+    return p / torch.cumsum(p, dim=-1)[:, -1:]
+
+
+def _softmax(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(M, V) logits -> (M, V) float32 softmax(logits / temperature) over the top_k most likely."""
+    z = logits.float() / params.temperature
+    if 0 < params.top_k < z.shape[-1]:
+        kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, -math.inf)
+    return torch.softmax(z, dim=-1)
+
+
+TOP_P_PREFIXES = (256, 4096)  # most likely tokens _nucleus looks among before it sorts them all
+
+
+def _nucleus(p: torch.Tensor, top_p: float) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(M, V) probabilities -> groups of rows (indices into p) with, for each row, its n most
+    likely tokens' probabilities (descending), zero past top_p's cut, and their ids (n the same
+    within a group). The cut keeps the most likely tokens until their mass reaches top_p. Each
+    row takes the shortest of TOP_P_PREFIXES (else the whole row) that holds its cut, whatever
+    the other rows need: a longer prefix may order equally likely tokens otherwise, and draw()
+    samples in that order. Sorting all 49152 took 3.5 ms a row, the largest 256 0.1 ms."""
+    vocab = p.shape[-1]
+    rows = torch.arange(len(p), device=p.device)
+    for size in [n for n in TOP_P_PREFIXES if n < vocab] + [vocab]:
+        top, ids = torch.topk(p if len(rows) == len(p) else p[rows], size, dim=-1)  # descending
+        mass_before = torch.cumsum(top, dim=-1) - top
+        held = (mass_before[:, -1] >= top_p) if size < vocab else torch.ones_like(rows, dtype=torch.bool)
+        keep = mass_before[held] < top_p  # until the kept mass reaches top_p; the most likely always
+        keep[:, 0] = True
+        yield rows[held], top[held] * keep, ids[held]
+        rows = rows[~held]
+        if not len(rows):
+            return

@@ -11,25 +11,29 @@ from specdec import sampling
 from specdec.sampling import SamplingError, SamplingParams
 
 
+def _probs_row(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    return sampling.probs(logits[None], params)[0]
+
+
 def test_temperature_softmax():
     logits = torch.tensor([1.0, 2.0, 3.0])
-    p = sampling.probs_row(logits, SamplingParams(temperature=2.0))
+    p = _probs_row(logits, SamplingParams(temperature=2.0))
     torch.testing.assert_close(p, torch.softmax(logits / 2, -1))
 
 
 def test_top_k_keeps_exactly_the_k_most_likely():
     logits = torch.tensor([0.1, 3.0, 2.0, -1.0, 2.5])
-    p = sampling.probs_row(logits, SamplingParams(temperature=1.0, top_k=2))
+    p = _probs_row(logits, SamplingParams(temperature=1.0, top_k=2))
     assert set(torch.nonzero(p).flatten().tolist()) == {1, 4}
     assert math.isclose(p.sum().item(), 1.0, rel_tol=1e-6)
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
-    p = sampling.probs_row(probs.log(), SamplingParams(temperature=1.0, top_p=0.75))
+    p = _probs_row(probs.log(), SamplingParams(temperature=1.0, top_p=0.75))
     assert torch.nonzero(p).flatten().tolist() == [0, 1]  # 0.5 < 0.75 <= 0.8
     torch.testing.assert_close(p[:2], torch.tensor([0.625, 0.375]))
-    p = sampling.probs_row(probs.log(), SamplingParams(temperature=1.0, top_p=0.01))
+    p = _probs_row(probs.log(), SamplingParams(temperature=1.0, top_p=0.01))
     assert torch.nonzero(p).flatten().tolist() == [0]  # always at least the most likely token
 
 
@@ -66,6 +70,13 @@ def _top_p_by_full_sort(p: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum()
 
 
+def _nucleus(p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """sampling._nucleus of one row, as the row's kept probabilities (the others 0), normalised."""
+    ((_, top, ids),) = [group for group in sampling._nucleus(p[None], top_p) if len(group[0])]
+    kept = torch.zeros_like(p).scatter_(0, ids[0], top[0])
+    return kept / kept.sum()
+
+
 def _same_cut(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor) -> bool:
     """The same kept probabilities, up to which of equally likely tokens a cut through them keeps."""
     kept_a, kept_b = a > 0, b > 0
@@ -81,22 +92,82 @@ def test_top_p_cuts_where_a_full_sort_would(scale, top_p):
     logits = torch.randn(5, 49152, generator=torch.Generator().manual_seed(1)) * scale
     for row in logits:
         p = torch.softmax(row, dim=-1)
-        assert _same_cut(sampling._top_p(p, top_p), _top_p_by_full_sort(p, top_p), p)
+        assert _same_cut(_nucleus(p, top_p), _top_p_by_full_sort(p, top_p), p)
 
 
 def test_top_p_cut_at_the_end_of_a_prefix():
     """The 256th token brings the kept mass to top_p exactly: it is kept, the 257th is not."""
     p = torch.cat([torch.full((256,), 1 / 512), torch.full((512,), 1 / 1024)])
-    kept = sampling._top_p(p, 0.5)
+    kept = _nucleus(p, 0.5)
     assert torch.count_nonzero(kept) == 256 and torch.equal(kept, _top_p_by_full_sort(p, 0.5))
 
 
-def test_probs_of_a_row_does_not_depend_on_the_other_rows():
-    logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0)) * 3
-    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)
-    together = sampling.probs(logits, params)
-    for i in range(6):
-        assert torch.equal(together[i], sampling.probs(logits[i : i + 1], params)[0])
+# rows whose top_p cuts fall within 256 tokens, within 4096 and beyond, in one call; logits in
+# bfloat16's steps, as the engine's, so that equally likely tokens are common
+MIXED_ROWS = torch.cat([torch.randn(4, 49152, generator=torch.Generator().manual_seed(s)) * scale
+                        for s, scale in ((2, 8.0), (3, 3.0), (4, 0.05))]).bfloat16().float()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=1.0, top_p=0.999),
+        SamplingParams(temperature=1.3),
+    ],
+)
+def test_a_row_samples_and_has_probabilities_whatever_the_other_rows(params):
+    """The engine draws a step's sampled rows in one call: a row's token and probabilities must
+    be the bits it gets alone (a lone row's reduction is split between threads)."""
+    uniforms = torch.rand(len(MIXED_ROWS), dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    together, p = sampling.draw(MIXED_ROWS, params, uniforms), sampling.probs(MIXED_ROWS, params)
+    for i in range(len(MIXED_ROWS)):
+        assert sampling.draw(MIXED_ROWS[i : i + 1], params, uniforms[i : i + 1]).item() == together[i]
+        assert torch.equal(sampling.probs(MIXED_ROWS[i : i + 1], params)[0], p[i])
+    assert len({int(t) for t in together}) > len(MIXED_ROWS) // 2  # (not one token for all)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_draw_samples_the_distribution_of_probs(top_p):
+    """Chi-square of 20000 draws of one row against probs(); top_p < 1 draws from the kept
+    tokens in order of likelihood, not of id."""
+    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(6)) * 2
+    params = SamplingParams(temperature=0.9, top_p=top_p)
+    p = sampling.probs(logits, params)[0].double().numpy()
+    u = torch.rand(20000, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    counts = np.bincount(sampling.draw(logits.expand(len(u), -1), params, u).numpy(), minlength=len(p))
+    assert counts[p == 0].sum() == 0 and (p == 0).any() == (top_p < 1)
+    assert chisquare(counts[p > 0], p[p > 0] / p.sum() * len(u)).pvalue > 1e-3
+
+
+def test_sampled_requests_in_one_call_draw_what_each_draws_alone(tiny_target):
+    """A step draws the first rows of its sampled sequences together, by parameters: each
+    sequence still gets its own seed's tokens, and with a deterministic draft the tokens of
+    plain sampling."""
+    from specdec.engine.engine import Engine, GenerationRequest
+
+    engine = Engine(tiny_target, kv_slots=4, max_seq_len=128)
+    params = [SamplingParams(0.9, seed=1), SamplingParams(0.9, seed=2), SamplingParams(1.2, top_p=0.8, seed=3),
+              SamplingParams(0.7, top_k=5, seed=4)]  # fmt: skip
+    prompts = [np.arange(10 + 3 * i) % 90 + 3 for i in range(len(params))]
+
+    def requests(drafts: list[np.ndarray | None]) -> list[GenerationRequest]:
+        return [GenerationRequest(prompt, 8, draft_ids=d, sampling=p)
+                for prompt, d, p in zip(prompts, drafts, params, strict=True)]  # fmt: skip
+
+    alone = [engine.generate([r])[0].tokens.tolist() for r in requests([None] * len(params))]
+    assert len({tuple(a) for a in alone}) == len(alone)
+    together = [r.tokens.tolist() for r in engine.generate(requests([None] * len(params)))]
+    assert together == alone
+    # drafts of plain sampling's tokens, wrong from the 1st, 3rd, 5th or no token on
+    drafts = [np.array(a[:5]) for a in alone]
+    for d, wrong in zip(drafts, (0, 2, 4, 5), strict=True):
+        d[wrong:] = (d[wrong:] + 1) % 96
+    results = engine.generate(requests(drafts))  # (a call with drafts is one round)
+    assert [r.num_accepted for r in results] == [0, 2, 4, 5]
+    for result, plain in zip(results, alone, strict=True):
+        assert result.tokens.tolist() == plain[: result.num_accepted + 1]
 
 
 @pytest.mark.parametrize(
