@@ -6,7 +6,7 @@ here needs no model: prompt lookup (n-gram) decoding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,8 +172,18 @@ class PromptLookup:
     the guess alone leading short matches; 2.62 tokens a round without guesses); built-in
     grounded 3.09, 2.57x (2.99, 2.50x)."""
 
-    def __init__(self, ngram: NgramProposer, prompt_length: int, phrases: PhraseIndex | None = None):
+    def __init__(
+        self,
+        ngram: NgramProposer,
+        prompt_length: int,
+        phrases: PhraseIndex | None = None,
+        phrase_wanted: Callable[[], bool] = lambda: True,
+    ):
+        """phrase_wanted: asked before the phrase index is searched (0.1-0.5 ms a search), whether a
+        phrase's draft could be part of the next round (Controller.would_draft), as the engine is
+        asked for its guess only then."""
         self.ngram, self.prompt_length, self.phrases = ngram, prompt_length, phrases
+        self.phrase_wanted = phrase_wanted
         self._found = (-1, NO_MATCH)  # (length of the sequence searched, what was found)
         # the last draft: (sequence length, start, tokens) of its copy, and the guess that led it
         self._drafted: tuple[int, int, int, int | None] | None = None
@@ -199,7 +209,7 @@ class PromptLookup:
                 sequence = np.asarray(tokens)
                 found = self.ngram.lookup(sequence, self._resume, guesses)
                 if found.length < GUESS_BELOW:  # a phrase of the model's, else the guess, may lead
-                    if self.phrases is not None and (phrase := self.phrases.draft(sequence)):
+                    if self.phrases is not None and self.phrase_wanted() and (phrase := self.phrases.draft(sequence)):
                         found = Lookup(0, 0, phrase=tuple(phrase))
                     elif guesses and not (found.length and tokens[found.start] in guesses):
                         guess = guesses[0]

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -31,7 +32,7 @@ from specdec.contract import CACHE_SALT_INPUT, GUESS_INPUT, GUESS_OUTPUT
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
 from specdec.lockstep import Lockstep
-from specdec.proposers import GUESSED, NgramProposer, PhraseIndex, PromptLookup
+from specdec.proposers import GUESSED, PHRASED, NgramProposer, PhraseIndex, PromptLookup
 from specdec.sampling import SamplingParams, derive_seed
 from specdec.triton_io import (
     InvalidInput,
@@ -243,7 +244,8 @@ class SpecDecodeService:
         """The request's proposer, what it finds before drafting (Controller.choose_k), and the
         prompt lookup that hears the engine's guesses, if it is one and there are guesses."""
         if name == "ngram":
-            lookup = PromptLookup(self.ngram, prompt_length, self.phrases)
+            wanted = partial(self.controller.would_draft, key, PHRASED)
+            lookup = PromptLookup(self.ngram, prompt_length, self.phrases, phrase_wanted=wanted)
             return lookup.propose, lookup.evidence, lookup if self.guesses else None
         if name == "draft_model":
             assert self.draft is not None

@@ -219,6 +219,10 @@ def test_a_phrase_leads_where_lookup_matches_less_than_two_tokens_before_the_gue
     tokens = [*prompt, 6, 10, 11, 0]  # the phrase accepted, then 0: neither finds anything
     lookup.heard(len(tokens), [1])
     assert lookup.evidence(tokens) == GUESSED and lookup.draft(tokens, 2) == [1, 2]
+    unwanted = PromptLookup(NgramProposer(1, 4), len(prompt), phrases=phrases, phrase_wanted=lambda: False)
+    tokens = [*prompt, 6]
+    unwanted.heard(len(tokens), [1])
+    assert unwanted.evidence(tokens) == GUESSED  # the phrase is not looked for: the guess leads
     tokens = [*prompt, 2, 3]  # a match of two tokens in the sequence wins
     lookup = PromptLookup(
         NgramProposer(1, 4), prompt_length=len(prompt), phrases=PhraseIndex(np.array([2, 3, 6, SEP]), min_n=2)

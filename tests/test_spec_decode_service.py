@@ -207,6 +207,12 @@ def test_phrases_of_the_models_own_outputs_lead_drafts_and_greedy_stays_exact(ti
         assert run_all(svc, [request(p, k=k) for p in PROMPTS]) == baseline, f"k={k}"
     phrased = svc.controller.recent["ngram"].first_by_evidence[PHRASED]
     assert phrased.hits > 0  # a phrase's first token was accepted
+    # where the plan would not draft a phrase, the index is not searched
+    searches, search = [], svc.phrases.draft
+    svc.phrases.draft = lambda tokens: searches.append(1) or search(tokens)
+    svc.controller.would_draft = lambda key, evidence: evidence != PHRASED
+    assert run_all(svc, [request(p, k=8) for p in PROMPTS]) == baseline
+    assert not searches
 
 
 def test_caches_are_released_when_requests_end(service):
