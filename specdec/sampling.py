@@ -107,6 +107,7 @@ def sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     row of zeros gives V - 1 (a caller that can have one replaces it)."""
     flat_p, flat_u = probs.reshape(-1, probs.shape[-1]), uniform.reshape(-1)
     drawn = torch.empty(len(flat_u), dtype=torch.int64, device=probs.device)
+    # a row at a time: over 16 whole rows at once the float64 sums took 0.4-4 ms (HISTORY item 41)
     for i, (row, u) in enumerate(zip(flat_p, flat_u, strict=True)):
         cdf = torch.cumsum(row, dim=0, dtype=torch.float64)
         drawn[i] = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0]
