@@ -150,7 +150,10 @@ def _softmax(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(z, dim=-1)
 
 
-TOP_P_PREFIXES = (256, 4096)  # most likely tokens _nucleus looks among before it sorts them all
+# most likely tokens _nucleus looks among before it sorts them all. A top_p of 0.9 at temperature
+# 0.7 keeps 1-17 tokens of the held-out open questions' rows: the largest 32 of 32 rows took
+# 1.0 ms, the largest 256 2.2 ms (the EPYC, two threads)
+TOP_P_PREFIXES = (32, 256, 4096)
 
 
 def _nucleus(p: torch.Tensor, top_p: float) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

@@ -13,8 +13,9 @@ coupling (sampled_verify): draw y_i ~ p_i with the position's uniform and accept
 P(accept) = p_i(x_i) = min(1, p/q), and on rejection y_i is distributed as p_i restricted to
 tokens != x_i, which is norm(max(0, p_i - onehot(x_i))). Because y_i is the very token plain
 sampling draws at that position, a seeded request gives identical tokens with and without
-speculation. It draws y_i one position at a time and stops at the first rejection, so the rows
-after it cost no sampling (at 20-40% acceptance most of a round's rows).
+speculation. It draws y_i position by position and stops at each sequence's first rejection, so
+the rows after it cost no sampling (at 20-40% acceptance most of a round's rows); a batch's
+sequences draw each position together.
 
 The rejection sampler for a stochastic draft works on tensors; its shapes (B sequences, K = the
 longest draft in the batch, V vocabulary):
@@ -79,16 +80,25 @@ def greedy_verify(target_ids: Sequence[int], draft_ids: Sequence[int]) -> tuple[
     return list(target_ids[: accepted + 1]), accepted
 
 
-def sampled_verify(draft_ids: Sequence[int], sample_at: Callable[[int], int]) -> tuple[list[int], int]:
-    """Sampling with a deterministic draft of K tokens: sample_at(i) is the token plain sampling
-    draws at the round's i-th position (i = 0..K), called only up to the first rejection. Accept
-    while it equals the draft, then emit it: (the emitted tokens, the number of drafts accepted)."""
-    emitted: list[int] = []
-    for x in draft_ids:
-        emitted.append(sample_at(len(emitted)))
-        if emitted[-1] != x:
-            return emitted, len(emitted) - 1
-    return [*emitted, sample_at(len(emitted))], len(emitted)  # all accepted: the bonus token
+def sampled_verify(
+    drafts: Sequence[Sequence[int]], draw: Callable[[list[tuple[int, int]]], list[int]]
+) -> list[tuple[list[int], int]]:
+    """Sampling with deterministic drafts, a batch of sequences: draw(pairs) gives, in one call,
+    the token plain sampling draws for each (sequence b, position i) of the round, i = 0..K_b.
+    Each sequence accepts while its draw equals its draft, then emits that draw; it is asked
+    position by position, for the sequences that accepted every draft before it (one call a
+    position, not one a sequence and position). Per sequence: (emitted tokens, drafts accepted)."""
+    emitted: list[list[int]] = [[] for _ in drafts]
+    drawing = list(range(len(drafts)))
+    while drawing:
+        tokens = draw([(b, len(emitted[b])) for b in drawing])
+        for b, token in zip(drawing, tokens, strict=True):
+            emitted[b].append(token)
+        # past its draft (the bonus token drawn) or rejected: done
+        drawing = [
+            b for b in drawing if len(emitted[b]) <= len(drafts[b]) and emitted[b][-1] == drafts[b][len(emitted[b]) - 1]
+        ]
+    return [(tokens, len(tokens) - 1) for tokens in emitted]
 
 
 def rejection_sample(

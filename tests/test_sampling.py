@@ -85,7 +85,7 @@ def _same_cut(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor) -> bool:
     )
 
 
-# the cut within the first 256 tokens, the first 4096 (scale 3, top_p 0.9) and the whole row
+# the cut within the first 32 or 256 tokens, the first 4096 (scale 3, top_p 0.9) and the whole row
 @pytest.mark.parametrize("scale", [8.0, 3.0, 0.05])
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])
 def test_top_p_cuts_where_a_full_sort_would(scale, top_p):
@@ -95,14 +95,15 @@ def test_top_p_cuts_where_a_full_sort_would(scale, top_p):
         assert _same_cut(_nucleus(p, top_p), _top_p_by_full_sort(p, top_p), p)
 
 
-def test_top_p_cut_at_the_end_of_a_prefix():
-    """The 256th token brings the kept mass to top_p exactly: it is kept, the 257th is not."""
-    p = torch.cat([torch.full((256,), 1 / 512), torch.full((512,), 1 / 1024)])
+@pytest.mark.parametrize("n", sampling.TOP_P_PREFIXES)
+def test_top_p_cut_at_the_end_of_a_prefix(n):
+    """The n-th token brings the kept mass to top_p exactly: it is kept, the next is not."""
+    p = torch.cat([torch.full((n,), 1 / (2 * n)), torch.full((2 * n,), 1 / (4 * n))])
     kept = _nucleus(p, 0.5)
-    assert torch.count_nonzero(kept) == 256 and torch.equal(kept, _top_p_by_full_sort(p, 0.5))
+    assert torch.count_nonzero(kept) == n and torch.equal(kept, _top_p_by_full_sort(p, 0.5))
 
 
-# rows whose top_p cuts fall within 256 tokens, within 4096 and beyond, in one call; logits in
+# rows whose top_p cuts fall within 32 tokens, 256, 4096 and beyond, in one call; logits in
 # bfloat16's steps, as the engine's, so that equally likely tokens are common
 MIXED_ROWS = torch.cat([torch.randn(4, 49152, generator=torch.Generator().manual_seed(s)) * scale
                         for s, scale in ((2, 8.0), (3, 3.0), (4, 0.05))]).bfloat16().float()  # fmt: skip

@@ -93,15 +93,15 @@ N = 12000
 
 
 def _coupled(target, draft, num_draft, draft_probs, uniform, sample_uniform) -> Verdict:
-    """sampled_verify (a deterministic draft) over a batch, as rejection_sample's Verdict."""
+    """sampled_verify (deterministic drafts) over a batch, as rejection_sample's Verdict."""
+    verdicts = verify.sampled_verify(
+        [draft[b, : num_draft[b]].tolist() for b in range(len(draft))],
+        lambda pairs: [int(sample(target[b, i], sample_uniform[b, i])) for b, i in pairs],
+    )
     tokens = torch.full((len(draft), draft.shape[1] + 1), -1)
-    num_accepted = torch.zeros(len(draft), dtype=torch.int64)
-    for b in range(len(draft)):
-        emitted, num_accepted[b] = verify.sampled_verify(
-            draft[b, : num_draft[b]].tolist(), lambda i, b=b: int(sample(target[b, i], sample_uniform[b, i]))
-        )
+    for b, (emitted, _) in enumerate(verdicts):
         tokens[b, : len(emitted)] = torch.tensor(emitted)
-    return Verdict(num_accepted, tokens)
+    return Verdict(torch.tensor([accepted for _, accepted in verdicts]), tokens)
 
 
 @pytest.mark.parametrize("stochastic_draft", [True, False])
@@ -114,18 +114,19 @@ def test_verification_emits_the_target_distribution(dists, stochastic_draft):
     assert _joint_pvalue(samples, p) > 1e-3
 
 
-def test_sampled_verify_draws_only_up_to_the_first_rejection():
-    drawn = []
+def test_sampled_verify_draws_each_sequence_only_up_to_its_first_rejection():
+    """One draw() a position, for the sequences that accepted every draft before it: rejected at
+    the 3rd position, all accepted (then the bonus), a plain step."""
+    plain = [[7, 8, 5, 6, 2], [4, 3, 9], [1]]  # what plain sampling draws at each position
+    calls = []
 
-    def sample_at(i):
-        drawn.append(i)
-        return [7, 8, 5, 6, 2][i]
+    def draw(pairs):
+        calls.append(pairs)
+        return [plain[b][i] for b, i in pairs]
 
-    assert verify.sampled_verify([7, 8, 9, 6], sample_at) == ([7, 8, 5], 2) and drawn == [0, 1, 2]
-    drawn.clear()
-    assert verify.sampled_verify([7, 8], sample_at) == ([7, 8, 5], 2) and drawn == [0, 1, 2]  # the bonus
-    drawn.clear()
-    assert verify.sampled_verify([], sample_at) == ([7], 0) and drawn == [0]  # a plain step
+    verdicts = verify.sampled_verify([[7, 8, 9, 6], [4, 3], []], draw)
+    assert verdicts == [([7, 8, 5], 2), ([4, 3, 9], 2), ([1], 0)]
+    assert calls == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1)], [(0, 2), (1, 2)]]
 
 
 def test_acceptance_rate_is_the_overlap_of_p_and_q(dists):
