@@ -12,22 +12,26 @@ rejection sampler (verify.py) then emits exactly the tokens plain sampling emits
 A token is drawn by inverting p's cumulative sum at one uniform (draw()): one random number a
 position. Gumbel-style noise, one Exp(1) per vocabulary entry, cost 0.9 ms a row on the CPU
 (49152 entries), which a verification pays for every row: 8 ms of a 7-row round against a
-10 ms forward (the session of 2026-12-04, HISTORY item 40). draw() takes the rows of a batch in
-one call: one row at a time, sampling was 16% of the engine's time at 32 users with top_p.
+10 ms forward (the session of 2026-12-04, HISTORY item 40).
 
-A row's result must not depend on the other rows of the call (a last-bit difference in p can
-flip a sample), so every step is one of torch's row-by-row kernels (softmax, topk, cumsum,
-searchsorted) and never a reduction along a row: torch.sum splits a lone row between threads
-and not a row of several, so its order of additions depends on how many rows there are.
+draw() and probs() are compiled (numba), a row per thread: the engine draws the rows of a step
+together, and torch's kernels, on the one thread the engine leaves them, took 2.3 ms for 16
+rows with top_p (0.4 ms here), and 0.27 ms for one (0.07). A row's result must not depend on
+the other rows of the call (a last-bit difference in p can flip a sample): each row is computed
+by the same code in the same order, whatever else is in the call. On a GPU the logits come to
+the CPU for it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from numba import njit, prange
+
+from specdec.engine.kernels import exp_nonpositive, row_max
 
 # Independent random streams per position.
 STREAM_SAMPLE = 1  # the token drawn from p (plain sampling, bonus and residual samples)
@@ -114,64 +118,130 @@ def sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return drawn.clamp_(max=probs.shape[-1] - 1).reshape(uniform.shape)
 
 
-def draw(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:
-    """(M, V) logits, (M,) uniforms (sample_uniforms) -> (M,) int64: the token each row samples.
-    sample() over the row's probabilities in id order, or with top_p over its kept tokens from
-    the most likely (the order _nucleus finds them in), which skips a pass over the vocabulary."""
-    p = _softmax(logits, params)
-    if params.top_p >= 1.0:
-        return sample(p, uniforms)
-    tokens = torch.empty(len(p), dtype=torch.int64, device=p.device)
-    for rows, top, ids in _nucleus(p, params.top_p):
-        tokens[rows] = ids.gather(1, sample(top, uniforms[rows])[:, None])[:, 0]
-    return tokens
+def draw(
+    logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor, rows: list[int] | None = None
+) -> torch.Tensor:
+    """(N, V) logits, (M,) uniforms (sample_uniforms) -> (M,) int64: the token each of the M
+    `rows` of logits (default: all, M = N) samples, where the row's running sum of weights (the
+    distribution's, unnormalised) first exceeds its uniform times their total: in id order, or
+    with top_p over the kept tokens, most likely first (the order _nucleus finds them in)."""
+    tokens = np.empty(len(uniforms), dtype=np.int64)
+    which = np.arange(len(logits)) if rows is None else np.asarray(rows, dtype=np.int64)
+    _draw(_rows(logits), which, np.float32(params.temperature), params.top_k, params.top_p, _rows(uniforms), tokens)
+    return torch.from_numpy(tokens).to(logits.device)
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(M, V) logits -> (M, V) the normalised probabilities draw() samples from (float32), for
     the rejection sampler of a stochastic draft."""
-    p = _softmax(logits, params)
-    if params.top_p < 1.0:
-        kept = torch.zeros_like(p)
-        for rows, top, ids in _nucleus(p, params.top_p):
-            kept[rows] = torch.zeros_like(p[rows]).scatter_(1, ids, top)
-        p = kept
-    # the total as a running sum: a reduction's order over a row depends on the other rows
-    # (a lone row's is split between threads), and a row's probabilities must not
-    return p / torch.cumsum(p, dim=-1)[:, -1:]
+    out = np.empty(logits.shape, dtype=np.float32)
+    _probs(_rows(logits), np.float32(params.temperature), params.top_k, params.top_p, out)
+    return torch.from_numpy(out).to(logits.device)
 
 
-def _softmax(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(M, V) logits -> (M, V) float32 softmax(logits / temperature) over the top_k most likely."""
-    z = logits.float() / params.temperature
-    if 0 < params.top_k < z.shape[-1]:
-        kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]
-        z = z.masked_fill(z < kth, -math.inf)
-    return torch.softmax(z, dim=-1)
+def _rows(t: torch.Tensor) -> np.ndarray:
+    """A tensor as the compiled kernels take it: on the CPU, contiguous, float32 (uniforms float64)."""
+    t = t.detach().cpu()
+    return np.ascontiguousarray(t.numpy() if t.dtype == torch.float64 else t.float().numpy())
 
 
-# most likely tokens _nucleus looks among before it sorts them all. A top_p of 0.9 at temperature
-# 0.7 keeps 1-17 tokens of the held-out open questions' rows: the largest 32 of 32 rows took
-# 1.0 ms, the largest 256 2.2 ms (the EPYC, two threads)
-TOP_P_PREFIXES = (32, 256, 4096)
+# Where _nucleus looks for a top_p cut: among the tokens whose weight is at least a tail (the
+# most likely token's is 1), the first tail whose tokens hold the mass. At temperature 0.7 a top_p
+# of 0.9 kept 1-17 tokens of the held-out open questions' rows; sorting all 49152 weights took
+# milliseconds.
+_TAILS = (2.0**-8, 2.0**-11, 2.0**-14, 2.0**-17, 2.0**-20, 0.0)
 
 
-def _nucleus(p: torch.Tensor, top_p: float) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(M, V) probabilities -> groups of rows (indices into p) with, for each row, its n most
-    likely tokens' probabilities (descending), zero past top_p's cut, and their ids (n the same
-    within a group). The cut keeps the most likely tokens until their mass reaches top_p. Each
-    row takes the shortest of TOP_P_PREFIXES (else the whole row) that holds its cut, whatever
-    the other rows need: a longer prefix may order equally likely tokens otherwise, and draw()
-    samples in that order. Sorting all 49152 took 3.5 ms a row, the largest 256 0.1 ms."""
-    vocab = p.shape[-1]
-    rows = torch.arange(len(p), device=p.device)
-    for size in [n for n in TOP_P_PREFIXES if n < vocab] + [vocab]:
-        top, ids = torch.topk(p if len(rows) == len(p) else p[rows], size, dim=-1)  # descending
-        mass_before = torch.cumsum(top, dim=-1) - top
-        held = (mass_before[:, -1] >= top_p) if size < vocab else torch.ones_like(rows, dtype=torch.bool)
-        keep = mass_before[held] < top_p  # until the kept mass reaches top_p; the most likely always
-        keep[:, 0] = True
-        yield rows[held], top[held] * keep, ids[held]
-        rows = rows[~held]
-        if not len(rows):
-            return
+@njit(fastmath={"reassoc", "contract"}, cache=True)
+def _weights(row, temperature, top_k, out):  # pragma: no cover - compiled
+    """out = exp(row / temperature - its maximum) over the top_k largest (0: all), 0 elsewhere:
+    the distribution's weights, the most likely token's 1. Returns their total (float64)."""
+    n = len(row)
+    for j in range(n):
+        out[j] = row[j] / temperature
+    top = row_max(out, n)
+    floor = _kth_largest(out, top_k, top) if 0 < top_k < n else -np.inf
+    total = 0.0
+    for j in range(n):
+        w = exp_nonpositive(out[j] - top)
+        w = w if out[j] >= floor else np.float32(0.0)  # (a select, not a branch: it vectorizes)
+        out[j] = w
+        total += np.float64(w)
+    return total
+
+
+@njit(cache=True)
+def _kth_largest(z, k, top):  # pragma: no cover - compiled
+    """The k-th largest of z (its maximum top), looked for among the values within a margin of
+    the top (16: a weight e^-16 the most likely token's), the narrowest that holds k of them:
+    partitioning all 49152 took 1 ms."""
+    for margin in (16.0, 24.0, 32.0, 48.0, 64.0, np.inf):
+        bound = top - np.float32(margin)
+        if np.sum(z >= bound) >= k:
+            pool = z[z >= bound]
+            return np.partition(pool, len(pool) - k)[len(pool) - k]
+    return -np.inf  # (not reached: k < len(z))
+
+
+@njit(cache=True)
+def _nucleus(w, total, top_p, ids):  # pragma: no cover - compiled
+    """top_p's cut of weights w: the most likely tokens, in order (equal weights by id), until
+    their mass reaches top_p x total; the most likely always. Writes their ids to ids[:k];
+    returns k and their mass."""
+    bar = top_p * total
+    n = 0
+    for tail in _TAILS:
+        n, mass = 0, 0.0
+        for j in range(len(w)):
+            if w[j] >= tail and w[j] > 0.0:
+                ids[n] = j
+                n += 1
+                mass += w[j]
+        if mass >= bar:  # every token below the tail weighs less than those above it
+            break
+    found = ids[:n].copy()
+    found = found[np.argsort(-w[found], kind="mergesort")]  # stable: equal weights by id
+    k, kept = 0, 0.0
+    while k < n and (k == 0 or kept < bar):
+        ids[k] = found[k]
+        kept += w[found[k]]
+        k += 1
+    return k, kept
+
+
+@njit(parallel=True, cache=True)
+def _draw(logits, rows, temperature, top_k, top_p, uniforms, out):  # pragma: no cover - compiled
+    """draw(): the token of each of the rows into out, in parallel (each computed as it would be alone)."""
+    vocab = logits.shape[1]
+    every = np.arange(vocab)
+    for m in prange(len(rows)):
+        w = np.empty(vocab, dtype=np.float32)
+        total = _weights(logits[rows[m]], temperature, top_k, w)
+        ids, k = every, vocab
+        if top_p < 1.0:
+            ids = np.empty(vocab, dtype=np.int64)
+            k, total = _nucleus(w, total, top_p, ids)
+        target = uniforms[m] * total  # < total for u < 1; if rounding says otherwise, the last token
+        running = 0.0
+        for i in range(k):
+            if w[ids[i]] > 0.0:
+                out[m] = ids[i]
+                running += w[ids[i]]
+                if running > target:
+                    break
+
+
+@njit(parallel=True, cache=True)
+def _probs(logits, temperature, top_k, top_p, out):  # pragma: no cover - compiled
+    """probs(): each row's probabilities into out."""
+    vocab = logits.shape[1]
+    for m in prange(logits.shape[0]):
+        total = _weights(logits[m], temperature, top_k, out[m])
+        if top_p < 1.0:
+            ids = np.empty(vocab, dtype=np.int64)
+            k, total = _nucleus(out[m], total, top_p, ids)
+            kept = out[m][ids[:k]].copy()
+            out[m][:] = 0.0
+            out[m][ids[:k]] = kept
+        for j in range(vocab):
+            out[m, j] = np.float32(out[m, j] / total)

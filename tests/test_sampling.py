@@ -61,49 +61,47 @@ def test_sample_draws_each_token_with_its_probability():
     assert sampling.sample(torch.zeros(2, 5), torch.tensor([0.0, 0.99], dtype=torch.float64)).tolist() == [4, 4]
 
 
-def _top_p_by_full_sort(p: torch.Tensor, top_p: float) -> torch.Tensor:
+def _kept_by_full_sort(p: torch.Tensor, top_p: float) -> torch.Tensor:
     """The definition: sort every token, keep them until the kept mass reaches top_p."""
-    sorted_p, order = torch.sort(p, descending=True)
-    drop_sorted = torch.cumsum(sorted_p, dim=-1) - sorted_p >= top_p
-    drop_sorted[0] = False
-    kept = p.masked_fill(torch.empty_like(drop_sorted).scatter_(0, order, drop_sorted), 0.0)
-    return kept / kept.sum()
+    sorted_p, order = torch.sort(p.double(), descending=True)
+    dropped = torch.cumsum(sorted_p, dim=-1) - sorted_p >= top_p * sorted_p.sum()
+    dropped[0] = False
+    return torch.ones_like(p, dtype=torch.bool).index_fill_(0, order[dropped], False)
 
 
-def _nucleus(p: torch.Tensor, top_p: float) -> torch.Tensor:
-    """sampling._nucleus of one row, as the row's kept probabilities (the others 0), normalised."""
-    ((_, top, ids),) = [group for group in sampling._nucleus(p[None], top_p) if len(group[0])]
-    kept = torch.zeros_like(p).scatter_(0, ids[0], top[0])
-    return kept / kept.sum()
-
-
-def _same_cut(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor) -> bool:
+def _same_cut(kept_a: torch.Tensor, kept_b: torch.Tensor, p: torch.Tensor) -> bool:
     """The same kept probabilities, up to which of equally likely tokens a cut through them keeps."""
-    kept_a, kept_b = a > 0, b > 0
-    return torch.equal(torch.sort(a[kept_a]).values, torch.sort(b[kept_b]).values) and bool(
+    return torch.equal(torch.sort(p[kept_a]).values, torch.sort(p[kept_b]).values) and bool(
         p[kept_a].min() >= torch.cat([p[~kept_a], torch.zeros(1)]).max()
     )
 
 
-# the cut within the first 32 or 256 tokens, the first 4096 (scale 3, top_p 0.9) and the whole row
+def _top_p_cut(logits: torch.Tensor, top_p: float) -> bool:
+    """Does probs() keep, for each row, the tokens a full sort of its own probabilities keeps?"""
+    p = sampling.probs(logits, SamplingParams(temperature=1.0))
+    kept = sampling.probs(logits, SamplingParams(temperature=1.0, top_p=top_p)) > 0
+    return all(_same_cut(kept[i], _kept_by_full_sort(p[i], top_p), p[i]) for i in range(len(p)))
+
+
+# the cut among a few tokens (scale 8), thousands (scale 3, top_p 0.9) and all (scale 0.05)
 @pytest.mark.parametrize("scale", [8.0, 3.0, 0.05])
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])
 def test_top_p_cuts_where_a_full_sort_would(scale, top_p):
-    logits = torch.randn(5, 49152, generator=torch.Generator().manual_seed(1)) * scale
-    for row in logits:
-        p = torch.softmax(row, dim=-1)
-        assert _same_cut(_nucleus(p, top_p), _top_p_by_full_sort(p, top_p), p)
+    assert _top_p_cut(torch.randn(5, 49152, generator=torch.Generator().manual_seed(1)) * scale, top_p)
 
 
-@pytest.mark.parametrize("n", sampling.TOP_P_PREFIXES)
-def test_top_p_cut_at_the_end_of_a_prefix(n):
-    """The n-th token brings the kept mass to top_p exactly: it is kept, the next is not."""
-    p = torch.cat([torch.full((n,), 1 / (2 * n)), torch.full((2 * n,), 1 / (4 * n))])
-    kept = _nucleus(p, 0.5)
-    assert torch.count_nonzero(kept) == n and torch.equal(kept, _top_p_by_full_sort(p, 0.5))
+@pytest.mark.parametrize("tail", sampling._TAILS[:-1])
+def test_top_p_cut_past_a_tail(tail):
+    """The tokens weighing at least a tail (the most likely 1) hold less than top_p: the cut
+    is among those weighing a little less, found past the tail."""
+    near, below = math.log(tail) + 1e-3, math.log(tail) - 1e-3
+    logits = torch.tensor([0.0] + [near] * 50 + [below] * 4000 + [-30.0] * 2000)
+    total = 1 + (50 + 4000) * tail
+    assert _top_p_cut(logits[None], (1 + 50 * tail + 1000 * tail) / total)
+    assert _top_p_cut(logits[None], (1 + 10 * tail) / total)  # (and a cut before it)
 
 
-# rows whose top_p cuts fall within 32 tokens, 256, 4096 and beyond, in one call; logits in
+# rows whose top_p cuts fall among a few tokens, hundreds, thousands and all, in one call; logits in
 # bfloat16's steps, as the engine's, so that equally likely tokens are common
 MIXED_ROWS = torch.cat([torch.randn(4, 49152, generator=torch.Generator().manual_seed(s)) * scale
                         for s, scale in ((2, 8.0), (3, 3.0), (4, 0.05))]).bfloat16().float()  # fmt: skip
@@ -120,11 +118,12 @@ MIXED_ROWS = torch.cat([torch.randn(4, 49152, generator=torch.Generator().manual
 )
 def test_a_row_samples_and_has_probabilities_whatever_the_other_rows(params):
     """The engine draws a step's sampled rows in one call: a row's token and probabilities must
-    be the bits it gets alone (a lone row's reduction is split between threads)."""
+    be the bits it gets alone, or picked from the others (`rows`)."""
     uniforms = torch.rand(len(MIXED_ROWS), dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     together, p = sampling.draw(MIXED_ROWS, params, uniforms), sampling.probs(MIXED_ROWS, params)
     for i in range(len(MIXED_ROWS)):
         assert sampling.draw(MIXED_ROWS[i : i + 1], params, uniforms[i : i + 1]).item() == together[i]
+        assert sampling.draw(MIXED_ROWS, params, uniforms[i : i + 1], rows=[i]).item() == together[i]
         assert torch.equal(sampling.probs(MIXED_ROWS[i : i + 1], params)[0], p[i])
     assert len({int(t) for t in together}) > len(MIXED_ROWS) // 2  # (not one token for all)
 

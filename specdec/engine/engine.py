@@ -151,16 +151,16 @@ class Engine:
         self.recent_forwards: deque[tuple[int, float, bool]] = deque(maxlen=1024)
 
     def warmup(self) -> None:
-        """Run a tiny generation so kernels are compiled (or loaded from numba's cache) before
-        the first real request, not during it."""
+        """Run tiny generations so kernels are compiled (or loaded from numba's cache) before
+        the first real request, not during it: greedy, and sampled with a deterministic and a
+        stochastic draft (sampling's kernels)."""
+        prompt, draft = np.array([0, 1], dtype=np.int64), np.array([1])
+        sampled = SamplingParams(temperature=1.0, top_k=8, top_p=0.9)
         self.generate(
             [
-                GenerationRequest(
-                    np.array([0, 1], dtype=np.int64),
-                    max_new_tokens=2,
-                    draft_ids=np.array([1]),
-                    return_guess=self.guess_head is not None,
-                )
+                GenerationRequest(prompt, 2, draft, return_guess=self.guess_head is not None),
+                GenerationRequest(prompt, 2, draft, sampling=sampled),
+                GenerationRequest(prompt, 2, draft, np.zeros((1, self.vocab_size), np.float32), sampled),
             ]
         )
         self.recent_forwards.clear()  # compilation time is no forward's cost
@@ -386,8 +386,8 @@ class Engine:
                         for b, i in at
                     ]
                 )
-                rows = logits[[int(starts[b]) + i for b, i in at]]
-                for n, token in zip(members, sampling.draw(rows, params, uniforms).tolist(), strict=True):
+                rows = [int(starts[b]) + i for b, i in at]
+                for n, token in zip(members, sampling.draw(logits, params, uniforms, rows).tolist(), strict=True):
                     tokens[n] = token
             return tokens
 

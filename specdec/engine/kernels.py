@@ -118,7 +118,7 @@ def _exp(x):  # pragma: no cover - compiled
 
 
 @njit(fastmath=_FAST, inline="always")
-def _exp_nonpositive(x):  # pragma: no cover - compiled
+def exp_nonpositive(x):  # pragma: no cover - compiled
     """_exp(x) for x <= 0 and not NaN (a score less its row's maximum), in fewer instructions:
     the bounds _exp takes beyond x >= -87 hold already, so the result is _exp's bit for bit."""
     p, n = _exp_parts(max(x, np.float32(-87.0)))
@@ -516,7 +516,7 @@ def bf16_softmax_numerators(scores, n, out):  # pragma: no cover - compiled
     top = row_max(scores, n)
     denom = np.float32(0.0)
     for t in range(n):
-        e = _exp_nonpositive(scores[t] - top)
+        e = exp_nonpositive(scores[t] - top)
         out[t] = bf16(e)
         denom += e
     return denom
@@ -529,7 +529,7 @@ def softmax_numerators(scores, n):  # pragma: no cover - compiled
     top = row_max(scores, n)
     denom = np.float32(0.0)
     for t in range(n):
-        e = _exp_nonpositive(scores[t] - top)
+        e = exp_nonpositive(scores[t] - top)
         scores[t] = e
         denom += e
     return denom
