@@ -15,8 +15,8 @@ position. Gumbel-style noise, one Exp(1) per vocabulary entry, cost 0.9 ms a row
 10 ms forward (the session of 2026-12-04, HISTORY item 40).
 
 draw() and probs() are compiled (numba), a row per thread: the engine draws the rows of a step
-together, and torch's kernels, on the one thread the engine leaves them, took 2.3 ms for 16
-rows with top_p (0.4 ms here), and 0.27 ms for one (0.07). A row's result must not depend on
+together, and torch's kernels, on the one thread the engine leaves them, took 1.9-2.3 ms for
+16 rows with top_p 0.9 (0.4 ms here), and 0.26 ms for one (0.07; HISTORY item 42). A row's result must not depend on
 the other rows of the call (a last-bit difference in p can flip a sample): each row is computed
 by the same code in the same order, whatever else is in the call. On a GPU the logits come to
 the CPU for it.

@@ -369,9 +369,9 @@ class Engine:
     ) -> list[tuple[list[int], int]]:
         """(emitted tokens, accepted drafts) of each sampled sequence with a deterministic draft
         (starts: their first logit rows): verify.sampled_verify, each position's rows drawn in one
-        draw() per set of sampling parameters. Row by row, sampling was 16% of the engine's time
-        at 32 users with top_p (HISTORY item 41), and a row that a verification draws after an
-        accepted draft cost 0.3 ms where a 32-row call costs 2.1 ms (item 42)."""
+        draw() per set of sampling parameters: row by row, sampling was 16% of the engine's time
+        at 32 users with top_p (HISTORY item 41), and a step of 16 sequences with drafts now
+        draws in 5-6 calls, one a position, not one for each row after an accepted draft (item 42)."""
 
         def draw(pairs: list[tuple[int, int]]) -> list[int]:
             groups: dict[SamplingParams, list[int]] = {}  # sampling without its seed -> indices into pairs
