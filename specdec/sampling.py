@@ -16,10 +16,10 @@ position. Gumbel-style noise, one Exp(1) per vocabulary entry, cost 0.9 ms a row
 
 draw() and probs() are compiled (numba), a row per thread: the engine draws the rows of a step
 together, and torch's kernels, on the one thread the engine leaves them, took 1.9-2.3 ms for
-16 rows with top_p 0.9 (0.4 ms here), and 0.26 ms for one (0.07; HISTORY item 42). A row's result must not depend on
-the other rows of the call (a last-bit difference in p can flip a sample): each row is computed
-by the same code in the same order, whatever else is in the call. On a GPU the logits come to
-the CPU for it.
+16 rows with top_p 0.9 (0.4 ms here), and 0.26 ms for one (0.07; HISTORY item 42). A row's
+result must not depend on the other rows of the call (a last-bit difference in p can flip a
+sample): each row is computed by the same code in the same order, whatever else is in the call.
+On a GPU the logits come to the CPU for it.
 """
 
 from __future__ import annotations
@@ -209,18 +209,25 @@ def _nucleus(w, total, top_p, ids):  # pragma: no cover - compiled
     return k, kept
 
 
+@njit(cache=True)
+def _distribution(row, temperature, top_k, top_p, w, every):  # pragma: no cover - compiled
+    """A row's distribution: its weights into w, then the ids of the tokens it draws from (every
+    one, in id order, or top_p's kept tokens, most likely first), their count and their mass."""
+    total = _weights(row, temperature, top_k, w)
+    if top_p >= 1.0:
+        return every, len(w), total
+    ids = np.empty(len(w), dtype=np.int64)
+    k, kept = _nucleus(w, total, top_p, ids)
+    return ids, k, kept
+
+
 @njit(parallel=True, cache=True)
 def _draw(logits, rows, temperature, top_k, top_p, uniforms, out):  # pragma: no cover - compiled
     """draw(): the token of each of the rows into out, in parallel (each computed as it would be alone)."""
-    vocab = logits.shape[1]
-    every = np.arange(vocab)
+    every = np.arange(logits.shape[1])
     for m in prange(len(rows)):
-        w = np.empty(vocab, dtype=np.float32)
-        total = _weights(logits[rows[m]], temperature, top_k, w)
-        ids, k = every, vocab
-        if top_p < 1.0:
-            ids = np.empty(vocab, dtype=np.int64)
-            k, total = _nucleus(w, total, top_p, ids)
+        w = np.empty(logits.shape[1], dtype=np.float32)
+        ids, k, total = _distribution(logits[rows[m]], temperature, top_k, top_p, w, every)
         target = uniforms[m] * total  # < total for u < 1; if rounding says otherwise, the last token
         running = 0.0
         for i in range(k):
@@ -234,14 +241,12 @@ def _draw(logits, rows, temperature, top_k, top_p, uniforms, out):  # pragma: no
 @njit(parallel=True, cache=True)
 def _probs(logits, temperature, top_k, top_p, out):  # pragma: no cover - compiled
     """probs(): each row's probabilities into out."""
-    vocab = logits.shape[1]
+    every = np.arange(logits.shape[1])
     for m in prange(logits.shape[0]):
-        total = _weights(logits[m], temperature, top_k, out[m])
-        if top_p < 1.0:
-            ids = np.empty(vocab, dtype=np.int64)
-            k, total = _nucleus(out[m], total, top_p, ids)
+        ids, k, total = _distribution(logits[m], temperature, top_k, top_p, out[m], every)
+        if k < logits.shape[1]:  # top_p's cut: the others weigh nothing
             kept = out[m][ids[:k]].copy()
             out[m][:] = 0.0
             out[m][ids[:k]] = kept
-        for j in range(vocab):
+        for j in range(logits.shape[1]):
             out[m, j] = np.float32(out[m, j] / total)

@@ -142,7 +142,7 @@ def test_draw_samples_the_distribution_of_probs(top_p):
 
 
 def test_sampled_requests_in_one_call_draw_what_each_draws_alone(tiny_target):
-    """A step draws the first rows of its sampled sequences together, by parameters: each
+    """A step draws each position's rows of its sampled sequences together, by parameters: each
     sequence still gets its own seed's tokens, and with a deterministic draft the tokens of
     plain sampling."""
     from specdec.engine.engine import Engine, GenerationRequest
