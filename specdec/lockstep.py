@@ -16,6 +16,10 @@ T(ready + missing) > the wait, with T the engine's forward time by rows (the con
 model) and the wait the recent average time from the engine going idle to the last member being
 ready. A bound, `max_idle_wait_s`, caps each wait. Where rows cost their full price (many in
 flight, or a compute-bound CPU), turns are cheaper than the idle engine, and calls go at once.
+
+The calls released together leave as one where the engine takes calls of several rows
+(`send_together`: the PyTorch engine's client): sent one by one, the 16 calls of a round reached
+the engine over more than its batcher's delay and took two forward passes.
 """
 
 from __future__ import annotations
@@ -38,14 +42,35 @@ class Member:
     state: str = "between"  # "between" rounds, "ready" (its call waits here), "engine"
 
 
+Send = Callable[[], Awaitable]  # a call built beforehand: calling it sends it
+
+
+def send_each(sends: list[Send]) -> list[Awaitable | Exception]:
+    """Send calls one by one: each one's result, or the exception that kept it from being sent."""
+    sent: list[Awaitable | Exception] = []
+    for send in sends:
+        try:
+            sent.append(send())
+        except Exception as err:  # fails this call only
+            sent.append(err)
+    return sent
+
+
 class Lockstep:
-    def __init__(self, max_idle_wait_s: float, forward_s: Callable[[int], float]):
+    def __init__(
+        self,
+        max_idle_wait_s: float,
+        forward_s: Callable[[int], float],
+        send_together: Callable[[list[Send]], list[Awaitable | Exception]] = send_each,
+    ):
         """forward_s(rows): the engine's seconds for a forward over that many rows (0 while
-        unknown: no saving, calls go at once)."""
+        unknown: no saving, calls go at once). send_together: sends the calls released together
+        (the engine client's sends them as one call where its engine takes that)."""
         self.max_idle_wait_s = max_idle_wait_s
         self.forward_s = forward_s
+        self.send_together = send_together
         self.members: set[Member] = set()
-        self.ready: list[tuple[Member, asyncio.Future, Callable[[], Awaitable]]] = []  # (member, turn, send)
+        self.ready: list[tuple[Member, asyncio.Future, Send]] = []  # (member, turn, send)
         self.expected_wait_s = 0.0  # learnt from the waits it takes
         self._timer: asyncio.TimerHandle | None = None  # set while ready calls wait, the engine idle
         self._waiting_since = 0.0
@@ -67,8 +92,8 @@ class Lockstep:
 
     async def call(self, member: Member, rows: int, send: Callable[[], Awaitable[T]]) -> T:
         """Run a target call of `rows` rows in step with the other members' calls. send(), the
-        call built beforehand, is called when the call is released: the released calls leave
-        together, one after the other in one go of the event loop."""
+        call built beforehand, is sent when the call is released: the released calls leave
+        together, in one go of the event loop (send_together)."""
         member.rows = rows
         turn: asyncio.Future[asyncio.Future[T]] = asyncio.get_running_loop().create_future()
         member.state = "ready"
@@ -116,12 +141,13 @@ class Lockstep:
             self.expected_wait_s += WAIT_EMA * (waited - self.expected_wait_s)
             self._cancel_timer()
         released, self.ready = self.ready, []
-        for member, turn, send in released:
+        sent = self.send_together([send for _, _, send in released])
+        for (member, turn, _), call in zip(released, sent, strict=True):
             member.state = "engine"
-            try:
-                turn.set_result(asyncio.ensure_future(send()))
-            except Exception as err:  # fails this member's call only
-                turn.set_exception(err)
+            if isinstance(call, Exception):  # fails this member's call only
+                turn.set_exception(call)
+            else:
+                turn.set_result(asyncio.ensure_future(call))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.config import PROPOSERS, Profile
-from specdec.contract import CACHE_SALT_INPUT, GUESS_INPUT, GUESS_OUTPUT, MAX_CACHE_SALT_BYTES, stop_words_from_list
+from specdec.contract import (
+    CACHE_SALT_INPUT,
+    GUESS_INPUT,
+    GUESS_OUTPUT,
+    MAX_CACHE_SALT_BYTES,
+    ROW_ERRORS_OUTPUT,
+    SEQUENCE_KEY_INPUT,
+    stop_words_from_list,
+)
 from specdec.engine.engine import GenerationRequest, GenerationResult
 from specdec.loop import AcceptanceStats, RequestSpec
 from specdec.sampling import SamplingError, SamplingParams
@@ -23,12 +31,15 @@ class InvalidInput(ValueError):
     """A request the server refuses; the message names the field."""
 
 
+def request_arrays(request) -> dict[str, np.ndarray]:
+    """{name: array} of a pb_utils request, with the batch dimension."""
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+
+
 def request_inputs(request) -> dict[str, np.ndarray]:
     """{name: array} of a pb_utils request, the batch dimension removed (one item per request)."""
     out = {}
-    for tensor in request.inputs():
-        name = tensor.name()
-        arr = tensor.as_numpy()
+    for name, arr in request_arrays(request).items():
         if arr.ndim == 0 or arr.shape[0] != 1:
             raise InvalidInput(f"{name}: send one item per request (batch size 1), got shape {list(arr.shape)}")
         out[name] = arr[0]
@@ -234,8 +245,21 @@ def _given(inputs: dict, name: str) -> np.ndarray | None:
     return None if value is None or np.size(value) == 0 else np.asarray(value)
 
 
+def engine_rows(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """An engine call's inputs ({name: array with the batch dimension}) row by row: a call of
+    several rows carries a sequence each (contract.SEQUENCE_KEY_INPUT)."""
+    rows = np.shape(arrays.get("input_ids", []))[0]
+    if not rows:
+        raise InvalidInput("input_ids: a non-empty list of token ids is required")
+    for name, arr in arrays.items():
+        if np.shape(arr)[:1] != (rows,):
+            given = np.shape(arr)[0] if np.ndim(arr) else 0
+            raise InvalidInput(f"{name}: {given} rows where input_ids has {rows}: a row per sequence in each input")
+    return [{name: arr[row] for name, arr in arrays.items()} for row in range(rows)]
+
+
 def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | None:
-    """The engine's GenerationRequest; None for a `stop` request (release request_id)."""
+    """The engine's GenerationRequest of one row; None for a `stop` request (release request_id)."""
     if bool(_one(inputs, "stop", False)):
         return None
     ids = np.asarray(inputs.get("input_ids", []))
@@ -245,18 +269,85 @@ def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | N
     if not 1 <= length <= len(ids):
         raise InvalidInput(f"input_lengths: must be between 1 and {len(ids)}, got {length}")
     draft, draft_logits = _given(inputs, "draft_input_ids"), _given(inputs, "draft_logits")
+    if draft is not None:
+        ends = np.flatnonzero(draft.reshape(-1) < 0)  # a row's padding
+        draft = draft.reshape(-1)[: ends[0] if len(ends) else None]
+        if draft_logits is not None:
+            draft_logits = draft_logits[: len(draft)]
     return GenerationRequest(
         input_ids=ids[:length].astype(np.int64),
         max_new_tokens=_int(inputs, "request_output_len", 1),
-        draft_ids=None if draft is None else draft.reshape(-1).astype(np.int64),
+        draft_ids=None if draft is None or not len(draft) else draft.astype(np.int64),
         draft_logits=None if draft_logits is None else draft_logits.astype(np.float32, copy=False),
         sampling=_sampling(inputs, _ENGINE_SAMPLING),
         end_id=_int(inputs, "end_id"),
-        sequence_key=request_id,
+        sequence_key=_text(_one(inputs, SEQUENCE_KEY_INPUT, request_id), SEQUENCE_KEY_INPUT),
         return_logits=bool(_one(inputs, "return_generation_logits", False)),
         return_guess=bool(_one(inputs, GUESS_INPUT, False)),
         cache_salt=_cache_salt(inputs),
     )
+
+
+@dataclass
+class EngineCall:
+    """An engine call's rows: a sequence each."""
+
+    requests: list[GenerationRequest]
+    exclude_input: list[bool]  # each row's exclude_input_in_output
+
+
+def parse_engine_call(arrays: dict[str, np.ndarray], request_id: str) -> EngineCall | None:
+    """The rows of an engine call ({name: array with the batch dimension}); None for a `stop`
+    call (release request_id)."""
+    rows = engine_rows(arrays)
+    requests = [parse_engine_request(row, request_id) for row in rows]
+    parsed = [req for req in requests if req is not None]
+    if len(parsed) < len(requests):
+        if len(rows) > 1:
+            raise InvalidInput("stop: a stop call releases one sequence, send it alone")
+        return None
+    return EngineCall(parsed, [bool(_one(row, "exclude_input_in_output", False)) for row in rows])
+
+
+def answer_engine_call(call: EngineCall, results: list[GenerationResult | Exception]) -> dict[str, np.ndarray]:
+    """The outputs of a call from its rows' results: one row's engine_outputs (its error raised),
+    or several rows' stacked, each with its error message."""
+    rows = [
+        result if isinstance(result, Exception) else engine_outputs(result, req, exclude)
+        for req, exclude, result in zip(call.requests, call.exclude_input, results, strict=True)
+    ]
+    if len(rows) > 1:
+        return stack_engine_outputs(rows)
+    if isinstance(rows[0], Exception):
+        raise rows[0]
+    return rows[0]
+
+
+def stack_rows(rows: list[np.ndarray], fill: float) -> np.ndarray:
+    """Arrays of one row each ([1, ...]) as one of len(rows) rows, each padded with `fill` to the
+    longest along every other axis."""
+    shape = np.max([np.shape(r) for r in rows], axis=0)
+    out = np.full((len(rows), *shape[1:]), fill, dtype=np.asarray(rows[0]).dtype)
+    for i, r in enumerate(rows):
+        out[(i, *(slice(0, n) for n in np.shape(r)[1:]))] = r[0]
+    return out
+
+
+def stack_engine_outputs(rows: list[dict[str, np.ndarray] | Exception]) -> dict[str, np.ndarray]:
+    """The answer to a call of several rows: each row's engine_outputs stacked (token ids padded
+    with -1, logits with 0) and each row's error message, "" where it has none."""
+    answered = [r for r in rows if not isinstance(r, Exception)]
+    names = {name: arr for r in answered for name, arr in r.items()}  # a row's array of each name
+    out = {
+        name: stack_rows(
+            [np.zeros((1,) + (0,) * (np.ndim(like) - 1), like.dtype)
+             if isinstance(r, Exception) or name not in r else r[name] for r in rows],
+            0 if like.dtype.kind == "f" else -1,
+        )
+        for name, like in names.items()
+    }  # fmt: skip
+    out[ROW_ERRORS_OUTPUT] = np.array([[str(r).encode() if isinstance(r, Exception) else b""] for r in rows], object)
+    return out
 
 
 def engine_outputs(result: GenerationResult, request: GenerationRequest, exclude_input: bool) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from specdec.lockstep import Lockstep
+from specdec.lockstep import Lockstep, send_each
 
 QUEUE_DELAY_S = 0.001
 
@@ -134,11 +134,17 @@ def test_a_call_cancelled_while_waiting_leaves_nothing_behind():
 
 
 def test_released_calls_are_all_sent_in_one_go():
-    """The calls of a round leave together: every released member's send() runs inside the
-    release, before the loop does anything else (a call sent late misses the engine's batch)."""
+    """The calls of a round leave together: handed to send_together at once, inside the release,
+    before the loop does anything else (a call sent late misses the engine's batch)."""
 
     async def main():
-        lockstep, sent = Lockstep(60.0, bandwidth_bound), []
+        groups = []
+
+        def send_together(sends):
+            groups.append(len(sends))
+            return send_each(sends)
+
+        lockstep, sent = Lockstep(60.0, bandwidth_bound, send_together), []
 
         def send(name: str):
             sent.append(name)
@@ -150,7 +156,7 @@ def test_released_calls_are_all_sent_in_one_go():
             assert sent == [] and len(lockstep.ready) == 2  # waiting for c
             last = asyncio.create_task(lockstep.call(c, 1, lambda: send("c")))
             await asyncio.sleep(0)  # c's call() runs up to its first wait: the release
-            assert sent == ["a", "b", "c"] and lockstep.in_engine == 3
+            assert sent == ["a", "b", "c"] and groups == [3] and lockstep.in_engine == 3
             assert await asyncio.gather(*early, last) == ["a", "b", "c"]
         assert (lockstep.members, lockstep.in_engine, lockstep.ready) == (set(), 0, [])
 

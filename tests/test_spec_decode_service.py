@@ -17,13 +17,14 @@ from scipy.stats import chisquare
 from specdec import spec_decode
 from specdec.admission import Overloaded
 from specdec.config import parse_profile
+from specdec.contract import SEQUENCE_KEY_INPUT
 from specdec.controller import calibration_path
 from specdec.engine.engine import CALIBRATION_CONTEXT, Engine, GenerationRequest
 from specdec.loop import RequestSpec
 from specdec.proposers import GUESSED, PHRASED, phrase_tokens
 from specdec.sampling import SamplingParams
 from specdec.spec_decode import SpecDecodeService, local_call
-from specdec.triton_io import SpecDecodeRequest
+from specdec.triton_io import InvalidInput, SpecDecodeRequest, parse_engine_call
 
 
 def make_service(
@@ -154,6 +155,75 @@ def test_every_call_of_an_engine_carries_the_same_inputs(tiny_target, tiny_draft
     run_all(svc, reqs)
     assert len(names["target"]) == 1 and len(names["draft"]) == 1, names
     assert {"draft_input_ids", "draft_logits", "return_generation_logits"} <= set(next(iter(names["target"])))
+
+
+def test_a_round_in_step_reaches_the_target_as_one_call_of_a_row_per_sequence(
+    tiny_target, tiny_draft, tmp_path, monkeypatch
+):
+    """Sent one by one, the calls of 16 sequences reached the served engine over more than its
+    batcher's delay and split into two forward passes; sent as one call they share one, and
+    each sequence still gets exactly what it gets alone."""
+    monkeypatch.setattr(spec_decode, "COST_CHECK_S", 0.0)
+    svc, engines = make_service(tiny_target, tiny_draft, build_dir=tmp_path)
+    # rows cost little more than one: the requests wait for each other (specdec/lockstep.py)
+    calibration_path(tmp_path, "target").parent.mkdir(parents=True)
+    calibration_path(tmp_path, "target").write_text('{"rows": [1, 64], "seconds": [0.01, 0.012]}')
+    rows = []
+    record_engine_calls(svc, lambda model, inputs: rows.append(len(inputs["input_ids"])) if model == "target" else None)
+    # calls with an end_id and calls without carry other inputs: they make a call each
+    reqs = [request(p, k=k, end_id=0 if k else None) for p in PROMPTS for k in (0, 4)]
+    together = run_all(svc, reqs)
+    assert max(rows) == len(reqs) // 2  # the first round: the prefills, in two calls
+    assert sum(n > 1 for n in rows) > len(rows) // 2
+    for req, got in zip(reqs, together, strict=True):
+        assert got == reference_greedy(engines["target"], req.spec.prompt_ids, len(got))
+
+
+def test_a_row_that_fails_fails_its_own_sequence_only(tiny_target, tiny_draft):
+    svc, _ = make_service(tiny_target, tiny_draft)
+    rows = []
+    record_engine_calls(svc, lambda model, inputs: rows.append(len(inputs["input_ids"])))
+    fits, too_long = PROMPTS[1], [5] * 300  # the context holds 256 tokens
+    greedy = SamplingParams()
+    calls = [svc.target.prepare_generate(p, 1, greedy, f"row-{i}", None) for i, p in enumerate((fits, too_long))]
+
+    async def main():
+        sent = svc.target.send_together(calls)
+        assert not any(isinstance(s, Exception) for s in sent)
+        return await asyncio.gather(*sent, return_exceptions=True)
+
+    ok, failed = asyncio.run(main())
+    assert rows == [2]  # one call
+    assert isinstance(ok, spec_decode.Generated) and len(ok.ids) == 1
+    assert isinstance(failed, spec_decode.EngineError) and "256" in str(failed)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "field"),
+    [
+        ({"input_ids": np.zeros((2, 3), np.int32), "end_id": np.ones((1, 1), np.int32)}, "end_id"),
+        ({"input_ids": np.zeros((2, 3), np.int32), "stop": np.ones((2, 1), bool)}, "stop"),
+    ],
+)
+def test_a_call_of_several_rows_is_refused_where_its_rows_disagree(inputs, field):
+    with pytest.raises(InvalidInput, match=f"^{field}"):
+        parse_engine_call(inputs, "id")
+
+
+def test_each_row_of_a_call_names_its_sequence_and_ends_its_draft_at_minus_one():
+    call = parse_engine_call(
+        {
+            "input_ids": np.array([[1, 2, 0], [3, 4, 5]], np.int32),
+            "input_lengths": np.array([[2], [3]], np.int32),
+            "request_output_len": np.array([[2], [1]], np.int32),
+            "draft_input_ids": np.array([[9, -1], [-1, -1]], np.int32),
+            SEQUENCE_KEY_INPUT: np.array([[b"a"], [b"b"]], object),
+        },
+        "id",
+    )
+    first, second = call.requests
+    assert (first.input_ids.tolist(), first.draft_ids.tolist(), first.sequence_key) == ([1, 2], [9], "a")
+    assert (second.input_ids.tolist(), second.draft_ids, second.sequence_key) == ([3, 4, 5], None, "b")
 
 
 def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft):

@@ -5,18 +5,11 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specdec.controller import ForwardCost
 from specdec.engine.engine import Engine
-from specdec.triton_io import (
-    InvalidInput,
-    empty_engine_outputs,
-    engine_outputs,
-    parse_engine_request,
-    request_inputs,
-)
+from specdec.triton_io import InvalidInput, answer_engine_call, empty_engine_outputs, parse_engine_call, request_arrays
 
 COST_WRITE_S = 5.0  # how often the observed forward times are published to spec_decode
 
@@ -61,32 +54,30 @@ class TritonPythonModel:
 
     def execute(self, requests):
         responses = [None] * len(requests)
-        batch, where = [], []
+        calls, where = [], []
         for i, request in enumerate(requests):
             try:
-                inputs = request_inputs(request)
-                parsed = parse_engine_request(inputs, request.request_id())
+                call = parse_engine_call(request_arrays(request), request.request_id())
             except InvalidInput as err:
                 responses[i] = _error(str(err))
                 continue
-            if parsed is None:  # stop: the sequence ended or was cancelled
+            if call is None:  # stop: the sequence ended or was cancelled
                 self.engine.release(request.request_id())
                 responses[i] = _response(empty_engine_outputs())
                 continue
-            exclude = bool(np.asarray(inputs.get("exclude_input_in_output", False)).reshape(-1)[0])
-            batch.append((parsed, exclude))
+            calls.append(call)
             where.append(i)
-        results = self.engine.generate([req for req, _ in batch]) if batch else []
-        for i, (req, exclude), result in zip(where, batch, results, strict=True):
-            if isinstance(result, Exception):
-                code = (
-                    pb_utils.TritonError.INVALID_ARG
-                    if isinstance(result, ValueError)
-                    else pb_utils.TritonError.UNAVAILABLE
-                )
-                responses[i] = _error(str(result), code)
-            else:
-                responses[i] = _response(engine_outputs(result, req, exclude))
+        # one forward pass over every row of every call (a call of several rows: spec_decode's round in step)
+        results = self.engine.generate([req for call in calls for req in call.requests]) if calls else []
+        start = 0
+        for i, call in zip(where, calls, strict=True):
+            rows, start = results[start : start + len(call.requests)], start + len(call.requests)
+            try:
+                responses[i] = _response(answer_engine_call(call, rows))
+            except ValueError as err:
+                responses[i] = _error(str(err))
+            except Exception as err:
+                responses[i] = _error(str(err), pb_utils.TritonError.UNAVAILABLE)
         self._report_slots()
         if time.monotonic() - self.cost_written > COST_WRITE_S and self.engine.recent_forwards:
             self._write_cost()
