@@ -31,7 +31,7 @@ from specdec.config import Profile
 from specdec.contract import CACHE_SALT_INPUT, GUESS_INPUT, GUESS_OUTPUT, ROW_ERRORS_OUTPUT, SEQUENCE_KEY_INPUT
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
-from specdec.lockstep import Lockstep
+from specdec.lockstep import Lockstep, send_each
 from specdec.proposers import GUESSED, PHRASED, NgramProposer, PhraseIndex, PromptLookup
 from specdec.sampling import SamplingParams, derive_seed
 from specdec.triton_io import (
@@ -212,12 +212,9 @@ class EngineClient:
                     shared = err
                 for row, i in enumerate(chunk):
                     sent[i] = shared if isinstance(shared, Exception) else self.decoded(shared, row)
-        for i, call in enumerate(calls):
-            if sent[i] is None:
-                try:
-                    sent[i] = call()
-                except Exception as err:  # fails this call only
-                    sent[i] = err
+        alone = [i for i, s in enumerate(sent) if s is None]
+        for i, one in zip(alone, send_each([calls[i] for i in alone]), strict=True):
+            sent[i] = one
         return sent  # type: ignore[return-value]
 
     def _send_rows(self, calls: list[PreparedCall], outputs: list[str]) -> Awaitable[dict[str, np.ndarray]]:
