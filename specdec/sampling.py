@@ -19,7 +19,7 @@ together, and torch's kernels, on the one thread the engine leaves them, took 1.
 16 rows with top_p 0.9 (0.4 ms here), and 0.26 ms for one (0.07; HISTORY item 42). A row's
 result must not depend on the other rows of the call (a last-bit difference in p can flip a
 sample): each row is computed by the same code in the same order, whatever else is in the call.
-On a GPU the logits come to the CPU for it.
+On a GPU the rows drawn come to the CPU for it.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _generator(seed: int, position: int, stream: int, device: torch.device) -> torch.Generator:
+def _generator(seed: int, position: int, stream: int) -> torch.Generator:
     key = _splitmix64(_splitmix64(seed ^ (stream << 56)) ^ position) >> 1  # manual_seed takes < 2**63
-    return torch.Generator(device=device).manual_seed(key)
+    return torch.Generator().manual_seed(key)
 
 
 def sample_uniforms(seed: int, positions: list[int], device: torch.device) -> torch.Tensor:
@@ -98,10 +98,10 @@ def uniform_noise(seed: int, positions: list[int], device: torch.device) -> torc
 
 
 def _uniforms(seed: int, positions: list[int], stream: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    out = [
-        torch.rand(1, dtype=dtype, device=device, generator=_generator(seed, pos, stream, device)) for pos in positions
-    ]
-    return torch.cat(out) if out else torch.empty(0, dtype=dtype, device=device)
+    # drawn on the CPU whatever the device: a seed samples the same tokens on a GPU as on the CPU,
+    # and a GPU step does not start a generator and a kernel for each position
+    out = [torch.rand(1, dtype=dtype, generator=_generator(seed, pos, stream)) for pos in positions]
+    return (torch.cat(out) if out else torch.empty(0, dtype=dtype)).to(device)
 
 
 def sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -125,6 +125,8 @@ def draw(
     `rows` of logits (default: all, M = N) samples, where the row's running sum of weights (the
     distribution's, unnormalised) first exceeds its uniform times their total: in id order, or
     with top_p over the kept tokens, most likely first (the order _nucleus finds them in)."""
+    if rows is not None and logits.device.type != "cpu":  # only the rows drawn cross to the CPU
+        logits, rows = logits[torch.as_tensor(rows, device=logits.device)], None
     tokens = np.empty(len(uniforms), dtype=np.int64)
     which = np.arange(len(logits)) if rows is None else np.asarray(rows, dtype=np.int64)
     _draw(_rows(logits), which, np.float32(params.temperature), params.top_k, params.top_p, _rows(uniforms), tokens)
