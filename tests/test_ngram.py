@@ -197,6 +197,37 @@ def test_a_phrase_stops_at_the_end_of_its_answer_and_needs_min_n_tokens_of_match
     assert PhraseIndex(corpus, min_n=1).draft([42]) == []
 
 
+def phrase_by_definition(corpus, tokens, min_n, max_n, min_share, max_draft):
+    """PhraseIndex.draft() as its docstring says it: the longest suffix's occurrences, then a token
+    at a time the one most of those left share (the lower id in a tie), while at least min_share
+    of them agree and it is not the separator."""
+    starts, _ = longest_suffix_by_definition(corpus, tokens, min_n, max_n)
+    out = []
+    while len(out) < max_draft and starts:
+        following = [int(corpus[s]) for s in starts]
+        best = min(set(following), key=lambda t: (-following.count(t), t))
+        if best == SEP or following.count(best) < min_share * len(starts):
+            break
+        out.append(best)
+        starts = [s + 1 for s, t in zip(starts, following, strict=True) if t == best]
+    return out
+
+
+def test_phrases_agree_with_their_definition_on_random_corpora():
+    """The index's shortcuts (each token's positions kept, one occurrence copied, a step where
+    every occurrence agrees not counted) draft what the definition drafts."""
+    rng = np.random.default_rng(2)
+    for _ in range(2000):
+        vocab, max_draft = int(rng.integers(2, 5)), int(rng.integers(1, 8))
+        answers = [rng.integers(0, vocab, int(rng.integers(0, 12))) for _ in range(int(rng.integers(1, 5)))]
+        corpus = np.concatenate([np.append(a, SEP) for a in answers])
+        tokens = rng.integers(0, vocab + 1, int(rng.integers(0, 8)))  # (token `vocab` occurs nowhere)
+        min_n, min_share = int(rng.integers(1, 3)), float(rng.choice([0.0, 0.5, 0.7]))
+        index = PhraseIndex(corpus, min_n=min_n, max_n=6, min_share=min_share, max_draft=max_draft)
+        expected = phrase_by_definition(corpus, tokens, min_n, 6, min_share, max_draft)
+        assert index.draft(tokens.tolist()) == expected, (corpus.tolist(), tokens.tolist())
+
+
 def test_phrase_tokens_lead_each_output_with_its_prompts_tail_and_end_it_with_the_separator(tmp_path):
     pairs = [(np.array([1, 2, 3, 4]), np.array([7, 8])), (np.array([5]), np.array([9]))]
     tokens = phrase_tokens(pairs, lead=2)

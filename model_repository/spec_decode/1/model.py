@@ -6,6 +6,7 @@ import json
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import triton_python_backend_utils as pb_utils
 
@@ -121,6 +122,43 @@ class TritonMetrics:
         self._add("tokens", num_tokens, proposer=proposer)
 
 
+class Responses:
+    """One request's responses, made and sent in order by a thread that serves every request
+    (`sends`), which after each round also asks whether the client cancelled. Sending and
+    asking are round trips to the Triton process that hold their thread (with the GIL released)
+    until Triton answers: done on the event loop they held up every other request's round (at
+    32 users, 42% of this model's busy time; HISTORY item 45) while the engine waited for the
+    round's calls. Made there too, a response's tensors are built while the loop waits."""
+
+    def __init__(self, request, sends):
+        self.request, self.sends = request, sends
+        self.sender = request.get_response_sender()
+        self.requested = set(request.requested_output_names())
+        self.cancelled = False  # by the client (polled) or by a relay from postprocessing
+
+    def round(self, outputs=None, final=False):
+        """After a round: the arrays to stream (None: nothing), final with the last."""
+        make_response = None if outputs is None else partial(_response, outputs, self.requested)
+        self.sends.submit(self._send, make_response, final)
+
+    def error(self, message, code):
+        self.sends.submit(self._send, partial(_error, message, code), True)
+
+    def _send(self, make_response, final):
+        try:
+            if make_response is not None or final:
+                response = make_response() if make_response is not None else None
+                self.sender.send(response, flags=FINAL if final else 0)
+            if not final and not self.cancelled:
+                self.cancelled = self.request.is_cancelled()
+        except Exception as err:  # the client went away; the next round's poll or end stops it
+            pb_utils.Logger.log_warn(f"spec_decode: a response could not be sent: {err}")
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
 def _response(arrays, requested):
     """A response with only the outputs the caller asked for. Triton 2.51's response sender drops
     the others itself, with the GIL released (python_backend #390 fixed that later): freeing their
@@ -145,13 +183,14 @@ class TritonPythonModel:
             warn=pb_utils.Logger.log_warn,
         )
 
-        self.live = {}  # sequence id -> cancelled by a relay from postprocessing
+        self.live = {}  # sequence id -> its Responses, for a relayed cancellation
         # async_exec() holds a thread of the event loop's default executor until the engine's
         # response comes. The default pool has os.cpu_count() + 4 threads (6 on 2 cores): it
         # capped the calls in flight at 6, and with them the requests one forward could serve.
         # A thread for each sequence that may run (it makes one engine call at a time).
         self.engine_calls = ThreadPoolExecutor(self.profile.server.max_inflight, thread_name_prefix="engine_call")
         self.engine_calls_installed = False
+        self.sends = ThreadPoolExecutor(1, thread_name_prefix="responses")  # one: each request's in order
 
     async def execute(self, requests):
         if not self.engine_calls_installed:  # the stub's event loop exists from here on
@@ -160,30 +199,25 @@ class TritonPythonModel:
         await asyncio.gather(*(self._serve(r) for r in requests))
 
     async def _serve(self, request):
-        sender = request.get_response_sender()
+        responses = Responses(request, self.sends)
         sequence_id = secrets.randbits(63)
         try:
             inputs = request_inputs(request)
             if "cancel_sequence_id" in inputs:
                 # Triton 2.51's ensemble does not pass a client's cancellation on to this model;
                 # postprocessing sees it and relays it here (see postprocessing/1/model.py).
-                relayed = int(inputs["cancel_sequence_id"].reshape(-1)[0])
-                if relayed in self.live:
-                    self.live[relayed] = True
-                sender.send(flags=FINAL)
+                relayed = self.live.get(int(inputs["cancel_sequence_id"].reshape(-1)[0]))
+                if relayed is not None:
+                    relayed.cancelled = True
+                responses.round(final=True)
                 return
             req = parse_spec_decode(inputs, self.profile, self.vocab_size)
-            requested = set(request.requested_output_names())
-            self.live[sequence_id] = False
+            self.live[sequence_id] = responses
             sent = []  # tokens already sent, for the postprocessing window
             pending = []
-
-            def cancelled():
-                return self.live[sequence_id] or request.is_cancelled()
-
-            async for chunk in self.service.serve(req, cancelled):
+            async for chunk in self.service.serve(req, lambda: responses.cancelled):
                 if chunk.gen.finish_reason == "cancelled":
-                    sender.send(flags=FINAL)
+                    responses.round(final=True)
                     return
                 if chunk.gen.finish_reason == "shutdown":
                     raise Overloaded(
@@ -192,26 +226,19 @@ class TritonPythonModel:
                 pending += chunk.tokens
                 if req.stream or chunk.final:
                     outputs = spec_decode_outputs(sent, pending, chunk.final, chunk.gen.stats, sequence_id)
-                    sender.send(_response(outputs, requested), flags=FINAL if chunk.final else 0)
+                    responses.round(outputs, final=chunk.final)
                     sent += pending
                     pending = []
+                else:
+                    responses.round()
         except InvalidInput as err:
-            sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)),
-                flags=FINAL,
-            )
+            responses.error(str(err), pb_utils.TritonError.INVALID_ARG)
         except Overloaded as err:
-            sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.UNAVAILABLE)),
-                flags=FINAL,
-            )
+            responses.error(str(err), pb_utils.TritonError.UNAVAILABLE)
         except EngineError as err:
-            sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INTERNAL)),
-                flags=FINAL,
-            )
+            responses.error(str(err), pb_utils.TritonError.INTERNAL)
         except Exception as err:  # a bug must not leave the client waiting forever
             pb_utils.Logger.log_error(f"spec_decode: {type(err).__name__}: {err}")
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {err}")), flags=FINAL)
+            responses.error(f"internal error: {err}", pb_utils.TritonError.INTERNAL)
         finally:
             self.live.pop(sequence_id, None)
