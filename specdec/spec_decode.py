@@ -37,9 +37,9 @@ from specdec.sampling import SamplingParams, derive_seed
 from specdec.triton_io import (
     InvalidInput,
     SpecDecodeRequest,
-    answer_engine_call,
     empty_engine_outputs,
     parse_engine_call,
+    run_engine_calls,
     stack_rows,
 )
 
@@ -441,14 +441,12 @@ def local_call(engines: dict[str, Engine]) -> EngineCall:
 
     def flush(model: str) -> None:
         batch, pending[model] = pending[model], []
-        results = engines[model].generate([req for call, _ in batch for req in call.requests])
-        start = 0
-        for call, future in batch:
-            rows, start = results[start : start + len(call.requests)], start + len(call.requests)
-            try:
-                future.set_result(answer_engine_call(call, rows))
-            except Exception as err:
-                future.set_exception(EngineError(f"{model}: {err}"))
+        answers = run_engine_calls(engines[model], [call for call, _ in batch])
+        for (_, future), answer in zip(batch, answers, strict=True):
+            if isinstance(answer, Exception):
+                future.set_exception(EngineError(f"{model}: {answer}"))
+            else:
+                future.set_result(answer)
 
     async def call(
         model: str, inputs: dict[str, np.ndarray], outputs: list[str], request_id: str

@@ -22,7 +22,7 @@ from specdec.contract import (
     SEQUENCE_KEY_INPUT,
     stop_words_from_list,
 )
-from specdec.engine.engine import GenerationRequest, GenerationResult
+from specdec.engine.engine import Engine, GenerationRequest, GenerationResult
 from specdec.loop import AcceptanceStats, RequestSpec
 from specdec.sampling import SamplingError, SamplingParams
 
@@ -321,6 +321,21 @@ def answer_engine_call(call: EngineCall, results: list[GenerationResult | Except
     if isinstance(rows[0], Exception):
         raise rows[0]
     return rows[0]
+
+
+def run_engine_calls(engine: Engine, calls: list[EngineCall]) -> list[dict[str, np.ndarray] | Exception]:
+    """Every row of every call in one Engine.generate (a forward pass over them all at each
+    step), then each call's outputs (answer_engine_call), or the exception that fails that call."""
+    results = engine.generate([req for call in calls for req in call.requests]) if calls else []
+    answers: list[dict[str, np.ndarray] | Exception] = []
+    start = 0
+    for call in calls:
+        rows, start = results[start : start + len(call.requests)], start + len(call.requests)
+        try:
+            answers.append(answer_engine_call(call, rows))
+        except Exception as err:  # fails this call only
+            answers.append(err)
+    return answers
 
 
 def stack_rows(rows: list[np.ndarray], fill: float) -> np.ndarray:

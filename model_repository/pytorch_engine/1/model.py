@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils
 
 from specdec.controller import ForwardCost
 from specdec.engine.engine import Engine
-from specdec.triton_io import InvalidInput, answer_engine_call, empty_engine_outputs, parse_engine_call, request_arrays
+from specdec.triton_io import InvalidInput, empty_engine_outputs, parse_engine_call, request_arrays, run_engine_calls
 
 COST_WRITE_S = 5.0  # how often the observed forward times are published to spec_decode
 
@@ -68,16 +68,13 @@ class TritonPythonModel:
             calls.append(call)
             where.append(i)
         # one forward pass over every row of every call (a call of several rows: spec_decode's round in step)
-        results = self.engine.generate([req for call in calls for req in call.requests]) if calls else []
-        start = 0
-        for i, call in zip(where, calls, strict=True):
-            rows, start = results[start : start + len(call.requests)], start + len(call.requests)
-            try:
-                responses[i] = _response(answer_engine_call(call, rows))
-            except ValueError as err:
-                responses[i] = _error(str(err))
-            except Exception as err:
-                responses[i] = _error(str(err), pb_utils.TritonError.UNAVAILABLE)
+        for i, answer in zip(where, run_engine_calls(self.engine, calls), strict=True):
+            if isinstance(answer, ValueError):
+                responses[i] = _error(str(answer))
+            elif isinstance(answer, Exception):
+                responses[i] = _error(str(answer), pb_utils.TritonError.UNAVAILABLE)
+            else:
+                responses[i] = _response(answer)
         self._report_slots()
         if time.monotonic() - self.cost_written > COST_WRITE_S and self.engine.recent_forwards:
             self._write_cost()
