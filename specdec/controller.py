@@ -79,12 +79,16 @@ class ForwardCost:
     7 rows 11.8, 13 rows 13.6, 16 rows 16.0, where that server's start-up table, scaled, read
     11.6, 14.5, 22.0 and 27.3 ms. Each count's factor is the median of its latest SHAPE_WINDOW
     lone forwards over the scaled calibrated time, once it has SHAPE_MIN; counts without one
-    take their neighbours' (interpolated)."""
+    take their neighbours' (interpolated).
+
+    It also follows how many sequences a forward carries (`sequences`, a moving average): under
+    load the requests in flight do not all share one forward (Controller.plan())."""
 
     rows: list[int]
     seconds: list[float]  # as calibrated, made non-decreasing: a noisy dip must not attract drafts
     scale: float = 1.0  # observed / calibrated
     shape: dict[int, float] = field(default_factory=dict)  # row count -> its lone forwards / (scale x calibrated)
+    sequences: float | None = None  # sequences a forward carries, lately (None: none observed)
     # seconds of 0, 1, 2, ... rows, looked up: interpolating took ~35 us a call, and a round asks
     # several times (the plan, the lockstep, observe_round()), the engine once a forward. As
     # calibrated; and before the scale (calibrated x shape, non-decreasing; None: to be made
@@ -104,10 +108,14 @@ class ForwardCost:
         table = json.loads(path.read_text())
         rows, seconds = [int(r) for r in table["rows"]], [float(s) for s in table["seconds"]]
         shape = {int(r): float(f) for r, f in table.get("shape", {}).items()}
-        return cls(rows, seconds, float(table.get("scale", 1.0)), shape)
+        sequences = None if table.get("sequences") is None else float(table["sequences"])
+        return cls(rows, seconds, float(table.get("scale", 1.0)), shape, sequences)
 
     def to_json(self) -> str:
-        return json.dumps({"rows": self.rows, "seconds": self.seconds, "scale": self.scale, "shape": self.shape})
+        return json.dumps(
+            {"rows": self.rows, "seconds": self.seconds, "scale": self.scale, "shape": self.shape,
+             "sequences": self.sequences}
+        )  # fmt: skip
 
     def time(self, rows: float) -> float:
         return float(self.times(np.asarray(rows)))
@@ -145,11 +153,13 @@ class ForwardCost:
         beyond = self.seconds[-1] + slope * (rows - self.rows[-1])  # the last segment's slope
         return np.where(rows > self.rows[-1], beyond, np.interp(rows, self.rows, self.seconds))
 
-    def observe(self, rows: int, seconds: float, alone: bool = False, weight: float = 0.05) -> None:
+    def observe(self, rows: int, seconds: float, alone: bool = False, sequences: int = 1, weight: float = 0.05) -> None:
         """Move the scale toward this forward's time over its calibrated time; `alone`: the
-        engine served only this forward's sequence, so it also tells the shape."""
+        engine served only this forward's sequence, so it also tells the shape; `sequences`: how
+        many it carried."""
         if seconds <= 0 or rows < 1:
             return
+        self.sequences = sequences if self.sequences is None else self.sequences + weight * (sequences - self.sequences)
         calibrated = float(self._calibrated(np.asarray(rows)))
         ratio = seconds / calibrated
         # one stalled forward (the OS, another process) must not swing the scale: clip its pull
@@ -366,7 +376,7 @@ class Controller:
         order = np.argsort(-values, axis=None, kind="stable")[: int(limits.sum())]  # draft tokens by worth
         owner, j = np.divmod(order, width)
         tokens = len(keys) + np.concatenate(([0.0], np.cumsum(values.ravel()[order])))
-        seconds = self.target.times(len(keys) + np.arange(len(order) + 1)) + self.overhead_s
+        seconds = self._forwards_s(len(keys) + np.arange(len(order) + 1)) + self.overhead_s
         drafting = np.array([s.proposer == "draft_model" for s in states])[owner]
         if self.draft is not None and drafting.any():
             # the draft model steps its whole batch as long as its longest draft
@@ -377,7 +387,29 @@ class Controller:
         worth = float(values.ravel()[order[best - 1]]) if best else math.inf
         rows = len(keys) + best
         rate = tokens[best] / seconds[best]
-        return Plan(worth, rate, rate * (self.target.time(rows + 1) - self.target.time(rows)), len(keys))
+        margin = self._forwards_s(np.array([rows + 1])) - self._forwards_s(np.array([rows]))
+        return Plan(worth, rate, rate * float(margin[0]), len(keys))
+
+    def _forwards_s(self, rows: np.ndarray) -> np.ndarray:
+        """Seconds of the target forwards a round of the requests in flight takes, by the rows of
+        all of them (the whole-number rows of the plan). In step (Lockstep) one forward carries
+        them all. Under load they are out of step, and a forward carries the few that are ready
+        (at 32 users and 16 in flight on the EPYC, ~12): a round is then 16 / 12 forwards of that
+        share of the rows. Priced as one forward of all rows, drafts sat past the matmul's block
+        of 14 rows, where a row costs little; in the forwards they joined they pushed 12-13 rows
+        past it (held-out chat prompts at 32 users: forwards 12-19% longer for 1.0-1.4 more rows;
+        0.92-0.96x the baseline's throughput). Priced by the share, the plan drafts where forwards
+        are small and stops at a block's edge (on the Xeon's AMX tiles of 16 rows too: 35% more
+        draft tokens, 19% more accepted, 1.01x against 0.95x; HISTORY.md, item 46)."""
+        share = self._share()
+        if share >= 1.0:
+            return self.target.times(rows)
+        return self.target.times(share * rows) / share
+
+    def _share(self) -> float:
+        """The part of the requests in flight that one target forward carries, lately."""
+        sequences, requests = self.target.sequences, len(self.requests)
+        return 1.0 if sequences is None or requests == 0 else min(1.0, sequences / requests)
 
     def _probe_bar(self, state: RequestState, plan: Plan) -> float:
         """Expected tokens a one-token probe must bring to pay: its row of the target's forward,
@@ -410,7 +442,7 @@ class Controller:
         if self.target is None or not self.requests:
             return
         rows = sum(s.k + 1 for s in self.requests.values())
-        excess = max(seconds - self.target.time(rows), 0.0)
+        excess = max(seconds - float(self._forwards_s(np.array([rows]))[0]), 0.0)
         self.overhead_s += self.options.ema_alpha / len(self.requests) * (excess - self.overhead_s)
 
     def mean_k(self, proposer: str) -> float:

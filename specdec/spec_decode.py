@@ -51,7 +51,7 @@ EngineCall = Callable[[str, dict[str, np.ndarray], list[str], str], Send]  # (mo
 Evidence = Callable[[list[int]], int | None]  # see Controller.choose_k
 
 DRAFT_SEED_SALT = 0xD2AF7  # the draft's sampling noise must be independent of the target's
-COST_CHECK_S = 2.0  # how often to look for a newer calibration of the engines' forward times
+COST_CHECK_S = 1.0  # how often to look for a newer calibration of the engines' forward times
 
 
 class EngineError(RuntimeError):

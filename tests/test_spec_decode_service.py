@@ -441,8 +441,8 @@ def test_the_controller_follows_the_costs_the_engines_publish(tiny_target, tiny_
     path.write_text('{"rows": [1, 8], "seconds": [0.01, 0.02]}')
     run_all(service, [request(PROMPTS[4], max_tokens=4)])
     assert service.controller.target.seconds == [0.01, 0.02]
-    prompt_rows, first_seconds, alone = engines["target"].recent_forwards[0]
-    assert prompt_rows == len(PROMPTS[4]) and first_seconds > 0 and alone
+    prompt_rows, first_seconds, alone, sequences = engines["target"].recent_forwards[0]
+    assert prompt_rows == len(PROMPTS[4]) and first_seconds > 0 and alone and sequences == 1
     path.write_text('{"rows": [1, 8], "seconds": [0.03, 0.05], "shape": {"8": 0.5}}')
     os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 10))
     run_all(service, [request(PROMPTS[0], max_tokens=4)])

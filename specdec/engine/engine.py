@@ -146,9 +146,9 @@ class Engine:
         self.device = self.model.device
         self.guess_head = GuessHead(guess_head, self.model, guess_margin) if guess_head else None
         self.max_batch_seen = 0  # largest number of requests served by one generate() call
-        # (rows, seconds, alone: the only sequence served) of the latest forwards, for whoever
-        # keeps the cost model current (ForwardCost.observe)
-        self.recent_forwards: deque[tuple[int, float, bool]] = deque(maxlen=1024)
+        # (rows, seconds, alone: the only sequence served, sequences) of the latest forwards, for
+        # whoever keeps the cost model current (ForwardCost.observe)
+        self.recent_forwards: deque[tuple[int, float, bool, int]] = deque(maxlen=1024)
 
     def warmup(self) -> None:
         """Run tiny generations so kernels are compiled (or loaded from numba's cache) before
@@ -322,7 +322,7 @@ class Engine:
         hidden, logits, seconds = self._forward(
             tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows)
         )
-        self.recent_forwards.append((len(tokens), seconds, self.slots.in_use == 1))
+        self.recent_forwards.append((len(tokens), seconds, self.slots.in_use == 1, len(seqs)))
         starts = np.cumsum([0] + [len(d) + 1 for d in drafts])[:-1]  # each sequence's first logit row
         greedy = [i for i, s in enumerate(seqs) if s.req.sampling.greedy]
         verified = self._verify_greedy(logits, starts[greedy], [drafts[i] for i in greedy])

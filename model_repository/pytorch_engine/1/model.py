@@ -11,7 +11,7 @@ from specdec.controller import ForwardCost
 from specdec.engine.engine import Engine
 from specdec.triton_io import InvalidInput, empty_engine_outputs, parse_engine_call, request_arrays, run_engine_calls
 
-COST_WRITE_S = 5.0  # how often the observed forward times are published to spec_decode
+COST_WRITE_S = 1.0  # how often the observed forward times are published to spec_decode
 
 
 def _error(message, code=None):
