@@ -20,10 +20,10 @@ cell's rounds, each round's requests of the two arms resampled together, so what
 speed of the moment did to both stays paired. A round holds its own prompts (at C = 1, one), so
 speculation's interval spans the spread between prompts too: what another set of prompts like
 these might give. The A/A arm's, whose halves do the same work on the same prompts, is the
-machine's noise alone. At C >= 8 a cell has four rounds, too few for an interval.
+machine's noise alone. Every cell has at least MIN_ROUNDS rounds, so every cell has one.
 The arms take turns in blocks of C requests on one server (specdec.client.loadgen), in a rotating
-order; each arm runs every prompt of the workload at least once and at least four blocks (eight
-requests at C = 1), so a figure speaks for the whole workload, not its first prompts. All texts
+order; each arm runs every prompt of the workload at least once and at least MIN_ROUNDS blocks,
+so a figure speaks for the whole workload, not its first prompts. All texts
 are compared with the baseline's: greedy, or with --temperature (and --top-p) sampled with a seed
 per prompt, which prompt lookup reproduces too (the targets are greedy figures; a sampled run
 says how sampled requests fare against the same bounds). Where a workload's prompts carry a task label (`kind`:
@@ -122,10 +122,11 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
         arms=(BASELINE, ngram, SAME_AS_BASELINE),
         loads=(Load(concurrency=concurrency),),
         workloads=(workload,),
-        num_requests=max(8, 4 * concurrency, len(prompts)),
-        # blocks of C requests, at least four per arm, in rotating order (A B C, B C A, C A B, ...), so
-        # that a drift of the shared machine falls on every arm; with two, identical arms (A/A)
-        # had differed by up to 8% at C = 16 (single blocks of 16 to 64 requests vary by 3-4%)
+        num_requests=max(MIN_ROUNDS * concurrency, len(prompts)),
+        # blocks of C requests, at least MIN_ROUNDS per arm, in rotating order (A B C, B C A, C A B,
+        # ...), so that a drift of the shared machine falls on every arm; with two, identical arms
+        # (A/A) had differed by up to 8% at C = 16, and blocks of 64 requests at C = 32 vary by
+        # +-8% (HISTORY.md, item 46): with four, a cell at 32 users moved +-5%
         block_size=concurrency,
         warmup=1,
         workload_options=options,
