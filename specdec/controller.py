@@ -393,7 +393,7 @@ class Controller:
     def _forwards_s(self, rows: np.ndarray) -> np.ndarray:
         """Seconds of the target forwards a round of the requests in flight takes, by the rows of
         all of them (the whole-number rows of the plan). In step (Lockstep) one forward carries
-        them all. Under load they are out of step, and a forward carries the few that are ready
+        them all. Under load they are out of step, and a forward carries those that are ready
         (at 32 users and 16 in flight on the EPYC, ~12): a round is then 16 / 12 forwards of that
         share of the rows. Priced as one forward of all rows, drafts sat past the matmul's block
         of 14 rows, where a row costs little; in the forwards they joined they pushed 12-13 rows
