@@ -149,8 +149,9 @@ class EngineClient:
     ) -> PreparedCall:
         """The call of generate(), prepared. return_guess: ask for the engine's guess
         (specdec/engine/guess.py): True or False from a client whose engine has a guess head (all
-        its calls carry the input then), None from one whose engine has not. cache_salt: the
-        PyTorch engine's (uniform_inputs); TensorRT-LLM's engine has no such input."""
+        its calls carry the input and ask for the output then: a row that did not ask gets none),
+        None from one whose engine has not. cache_salt: the PyTorch engine's (uniform_inputs);
+        TensorRT-LLM's engine has no such input."""
         # TensorRT-LLM decodes greedily with top_k 1 (its maintainers' advice; temperature 0
         # alone is not documented as greedy there); our engine is greedy at temperature 0 anyway.
         top_k = 1 if sampling.greedy else sampling.top_k
@@ -179,9 +180,11 @@ class EngineClient:
         if self.uniform_inputs:
             inputs[CACHE_SALT_INPUT] = _scalar(cache_salt.encode(), np.object_)
             inputs[SEQUENCE_KEY_INPUT] = _scalar(key.encode(), np.object_)
-        outputs = (
-            ["output_ids"] + (["generation_logits"] if return_logits else []) + ([GUESS_OUTPUT] if return_guess else [])
-        )
+        # The same outputs whether or not this call wants the guess: send_together joins only
+        # calls that ask for the same ones, and at 16 users the calls asking and those not asking
+        # left as two calls and went into two forwards (HISTORY item 47).
+        guess = [GUESS_OUTPUT] if return_guess is not None else []
+        outputs = ["output_ids"] + (["generation_logits"] if return_logits else []) + guess
         return PreparedCall(self, inputs, outputs, key)
 
     def send_together(self, calls: list[Callable[[], Awaitable[Generated]]]) -> list[Awaitable[Generated] | Exception]:

@@ -179,6 +179,30 @@ def test_a_round_in_step_reaches_the_target_as_one_call_of_a_row_per_sequence(
         assert got == reference_greedy(engines["target"], req.spec.prompt_ids, len(got))
 
 
+def test_calls_that_ask_for_the_guess_and_calls_that_do_not_share_a_call(
+    tiny_target, tiny_draft, tiny_guess_head, tmp_path, monkeypatch
+):
+    """A request that may not draft does not ask for the engine's guess; its calls still leave
+    with those of requests that do: asking for other outputs, they went as a second call into a
+    second forward (HISTORY item 47)."""
+    monkeypatch.setattr(spec_decode, "COST_CHECK_S", 0.0)
+    svc, engines = make_service(tiny_target, tiny_draft, build_dir=tmp_path, guess_head=tiny_guess_head)
+    calibration_path(tmp_path, "target").parent.mkdir(parents=True)
+    calibration_path(tmp_path, "target").write_text('{"rows": [1, 64], "seconds": [0.01, 0.012]}')
+    asked = []  # each target call's rows: which asked for the guess
+
+    def note(model, inputs):
+        if model == "target":
+            asked.append(inputs["return_next_guess"].ravel().tolist())
+
+    record_engine_calls(svc, note)
+    reqs = [request(p, k=k) for p in PROMPTS for k in (0, 4)]
+    together = run_all(svc, reqs)
+    assert any(True in rows and False in rows for rows in asked), asked
+    for req, got in zip(reqs, together, strict=True):
+        assert got == reference_greedy(engines["target"], req.spec.prompt_ids, len(got))
+
+
 def test_a_row_that_fails_fails_its_own_sequence_only(tiny_target, tiny_draft):
     svc, _ = make_service(tiny_target, tiny_draft)
     rows = []
