@@ -119,7 +119,7 @@ class EngineClient:
     """One engine model (target or draft), called with TensorRT-LLM's tensor names.
 
     uniform_inputs: every call carries the same set of input tensors (an empty draft, logits not
-    asked for). Triton's dynamic batcher puts two calls of a model with optional inputs into one
+    asked for, end_id -1 for none). Triton's dynamic batcher puts two calls of a model with optional inputs into one
     execute() only when they carry the same inputs (core scheduler_utils.cc, HasEqualInputs): a
     call with draft tokens and one without would go into separate forward passes. For the
     PyTorch engine, whose batches are its forward passes and which takes calls of several rows
@@ -165,8 +165,8 @@ class EngineClient:
             "runtime_top_p": _scalar(sampling.top_p, np.float32),
             "seed": _scalar(sampling.seed, np.uint64),
         }
-        if end_id is not None:
-            inputs["end_id"] = _scalar(end_id, np.int32)
+        if end_id is not None or self.uniform_inputs:
+            inputs["end_id"] = _scalar(-1 if end_id is None else end_id, np.int32)  # -1: none
         if draft.ids or self.uniform_inputs:
             inputs["draft_input_ids"] = np.array([draft.ids], dtype=np.int32)  # (1, 0) when empty
         if draft.logits is not None:

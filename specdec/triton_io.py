@@ -245,6 +245,12 @@ def _given(inputs: dict, name: str) -> np.ndarray | None:
     return None if value is None or np.size(value) == 0 else np.asarray(value)
 
 
+def _end_id(inputs: dict) -> int | None:
+    """A row's end token: spec_decode sends -1 for none, so that all its calls carry the input."""
+    end_id = _int(inputs, "end_id")
+    return None if end_id is None or end_id < 0 else end_id
+
+
 def engine_rows(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     """An engine call's inputs ({name: array with the batch dimension}) row by row: a call of
     several rows carries a sequence each (contract.SEQUENCE_KEY_INPUT)."""
@@ -280,7 +286,7 @@ def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | N
         draft_ids=None if draft is None or not len(draft) else draft.astype(np.int64),
         draft_logits=None if draft_logits is None else draft_logits.astype(np.float32, copy=False),
         sampling=_sampling(inputs, _ENGINE_SAMPLING),
-        end_id=_int(inputs, "end_id"),
+        end_id=_end_id(inputs),
         sequence_key=_text(_one(inputs, SEQUENCE_KEY_INPUT, request_id), SEQUENCE_KEY_INPUT),
         return_logits=bool(_one(inputs, "return_generation_logits", False)),
         return_guess=bool(_one(inputs, GUESS_INPUT, False)),

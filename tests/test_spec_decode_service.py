@@ -170,10 +170,10 @@ def test_a_round_in_step_reaches_the_target_as_one_call_of_a_row_per_sequence(
     calibration_path(tmp_path, "target").write_text('{"rows": [1, 64], "seconds": [0.01, 0.012]}')
     rows = []
     record_engine_calls(svc, lambda model, inputs: rows.append(len(inputs["input_ids"])) if model == "target" else None)
-    # calls with an end_id and calls without carry other inputs: they make a call each
+    # calls with an end_id and calls without carry the same inputs (-1: none): they share a call
     reqs = [request(p, k=k, end_id=0 if k else None) for p in PROMPTS for k in (0, 4)]
     together = run_all(svc, reqs)
-    assert max(rows) == len(reqs) // 2  # the first round: the prefills, in two calls
+    assert max(rows) == len(reqs)  # the first round: the prefills, in one call
     assert sum(n > 1 for n in rows) > len(rows) // 2
     for req, got in zip(reqs, together, strict=True):
         assert got == reference_greedy(engines["target"], req.spec.prompt_ids, len(got))
@@ -248,6 +248,13 @@ def test_each_row_of_a_call_names_its_sequence_and_ends_its_draft_at_minus_one()
     first, second = call.requests
     assert (first.input_ids.tolist(), first.draft_ids.tolist(), first.sequence_key) == ([1, 2], [9], "a")
     assert (second.input_ids.tolist(), second.draft_ids, second.sequence_key) == ([3, 4, 5], None, "b")
+
+
+def test_a_row_with_end_id_minus_one_has_no_end_token():
+    call = parse_engine_call(
+        {"input_ids": np.array([[1, 2], [3, 4]], np.int32), "end_id": np.array([[-1], [7]], np.int32)}, "id"
+    )
+    assert [r.end_id for r in call.requests] == [None, 7]
 
 
 def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft):
