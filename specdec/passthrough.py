@@ -27,7 +27,6 @@ from specdec.spec_decode import (
     Metrics,
     NoMetrics,
     new_sequence_key,
-    request_end_id,
     request_sampling,
 )
 from specdec.triton_io import SpecDecodeRequest
@@ -75,7 +74,7 @@ class PassthroughService:
         self, req: SpecDecodeRequest, is_cancelled: Callable[[], bool] = lambda: False
     ) -> AsyncIterator[Chunk]:
         self._ignored_controls(req)
-        sampling, end_id = request_sampling(req), request_end_id(req)
+        sampling, end_id = request_sampling(req), req.spec.end_id
         key = new_sequence_key()
         gen = loop.Generation(req.spec)
         perf: dict[str, int] = {}

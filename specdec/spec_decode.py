@@ -260,12 +260,6 @@ def request_sampling(req: SpecDecodeRequest) -> SamplingParams:
     return s if s.greedy or req.seeded else SamplingParams(s.temperature, s.top_k, s.top_p, secrets.randbits(64))
 
 
-def request_end_id(req: SpecDecodeRequest) -> int | None:
-    """preprocessing sends -1 when the tokenizer has no end token."""
-    end_id = req.spec.end_id
-    return end_id if end_id is not None and end_id >= 0 else None
-
-
 def new_sequence_key() -> str:
     """The request id a sequence has in the engines (their KV-cache key)."""
     return f"specdec-{uuid.uuid4().hex}"
@@ -349,7 +343,7 @@ class SpecDecodeService:
     ) -> AsyncIterator[Chunk]:
         """Run one request; yield its chunks (the last has final=True). Stops within one round
         of a cancellation; always releases the engines' caches for the sequence."""
-        sampling, end_id = request_sampling(req), request_end_id(req)
+        sampling, end_id = request_sampling(req), req.spec.end_id
         key = new_sequence_key()
         gen = loop.Generation(req.spec)
         propose, evidence, listener = self._proposer(

@@ -71,6 +71,13 @@ def _float(inputs: dict, name: str, default: float) -> float:
     return value
 
 
+def _end_id(inputs: dict) -> int | None:
+    """The end token; -1 is none (preprocessing's where the tokenizer has no end token,
+    spec_decode's where a call has none: all its calls carry the input)."""
+    end_id = _int(inputs, "end_id")
+    return None if end_id is None or end_id < 0 else end_id
+
+
 def _text(value, name: str) -> str:
     if isinstance(value, bytes | np.bytes_):
         try:
@@ -219,7 +226,7 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
         if arr.shape[1] > limit:
             raise InvalidInput(f"stop_words_list: more than {limit} stop-word tokens")
         stop_words = stop_words_from_list(arr)
-    end_id = _int(inputs, "end_id")
+    end_id = _end_id(inputs)
     params = _sampling(inputs, _ENSEMBLE_SAMPLING)
     return SpecDecodeRequest(
         spec=RequestSpec(
@@ -243,12 +250,6 @@ def _given(inputs: dict, name: str) -> np.ndarray | None:
     is none, so that all its calls carry the same inputs (see spec_decode.EngineClient)."""
     value = inputs.get(name)
     return None if value is None or np.size(value) == 0 else np.asarray(value)
-
-
-def _end_id(inputs: dict) -> int | None:
-    """A row's end token: spec_decode sends -1 for none, so that all its calls carry the input."""
-    end_id = _int(inputs, "end_id")
-    return None if end_id is None or end_id < 0 else end_id
 
 
 def engine_rows(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
