@@ -122,10 +122,9 @@ class EngineClient:
     asked for, end_id -1 for none). Triton's dynamic batcher puts two calls of a model with
     optional inputs into one execute() only when they carry the same inputs (core
     scheduler_utils.cc, HasEqualInputs): a call with draft tokens and one without would go into
-    separate forward passes. For the
-    PyTorch engine, whose batches are its forward passes and which takes calls of several rows
-    (send_together); TensorRT-LLM's in-flight batcher batches by itself and is sent only what a
-    call uses.
+    separate forward passes. For the PyTorch engine, whose batches are its forward passes and
+    which takes calls of several rows (send_together); TensorRT-LLM's in-flight batcher batches
+    by itself and is sent only what a call uses.
     """
 
     def __init__(self, prepare: EngineCall, model: str, uniform_inputs: bool = False, max_rows: int = 1):

@@ -157,17 +157,22 @@ def test_every_call_of_an_engine_carries_the_same_inputs(tiny_target, tiny_draft
     assert {"draft_input_ids", "draft_logits", "return_generation_logits"} <= set(next(iter(names["target"])))
 
 
+def in_step_service(target, draft, build_dir, monkeypatch, **options):
+    """make_service whose forward rows cost little more than one: the requests in flight wait
+    for each other (specdec/lockstep.py), so a round's calls are sent together."""
+    monkeypatch.setattr(spec_decode, "COST_CHECK_S", 0.0)
+    calibration_path(build_dir, "target").parent.mkdir(parents=True)
+    calibration_path(build_dir, "target").write_text('{"rows": [1, 64], "seconds": [0.01, 0.012]}')
+    return make_service(target, draft, build_dir=build_dir, **options)
+
+
 def test_a_round_in_step_reaches_the_target_as_one_call_of_a_row_per_sequence(
     tiny_target, tiny_draft, tmp_path, monkeypatch
 ):
     """Sent one by one, the calls of 16 sequences reached the served engine over more than its
     batcher's delay and split into two forward passes; sent as one call they share one, and
     each sequence still gets exactly what it gets alone."""
-    monkeypatch.setattr(spec_decode, "COST_CHECK_S", 0.0)
-    svc, engines = make_service(tiny_target, tiny_draft, build_dir=tmp_path)
-    # rows cost little more than one: the requests wait for each other (specdec/lockstep.py)
-    calibration_path(tmp_path, "target").parent.mkdir(parents=True)
-    calibration_path(tmp_path, "target").write_text('{"rows": [1, 64], "seconds": [0.01, 0.012]}')
+    svc, engines = in_step_service(tiny_target, tiny_draft, tmp_path, monkeypatch)
     rows = []
     record_engine_calls(svc, lambda model, inputs: rows.append(len(inputs["input_ids"])) if model == "target" else None)
     # calls with an end_id and calls without carry the same inputs (-1: none): they share a call
@@ -185,10 +190,7 @@ def test_calls_that_ask_for_the_guess_and_calls_that_do_not_share_a_call(
     """A request that may not draft does not ask for the engine's guess; its calls still leave
     with those of requests that do: asking for other outputs, they went as a second call into a
     second forward (HISTORY item 47)."""
-    monkeypatch.setattr(spec_decode, "COST_CHECK_S", 0.0)
-    svc, engines = make_service(tiny_target, tiny_draft, build_dir=tmp_path, guess_head=tiny_guess_head)
-    calibration_path(tmp_path, "target").parent.mkdir(parents=True)
-    calibration_path(tmp_path, "target").write_text('{"rows": [1, 64], "seconds": [0.01, 0.012]}')
+    svc, engines = in_step_service(tiny_target, tiny_draft, tmp_path, monkeypatch, guess_head=tiny_guess_head)
     asked = []  # each target call's rows: which asked for the guess
 
     def note(model, inputs):
