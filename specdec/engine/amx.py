@@ -57,17 +57,24 @@ _PTR = _I8.as_pointer()
 _I64 = ir.IntType(64)
 
 
-def tile_config() -> np.ndarray:
-    """ldtilecfg's 64 bytes: palette 1, tiles 0..7 all 16 rows of 64 bytes."""
+def tile_config(rows: int = ROWS, row_tiles: tuple[int, ...] = ()) -> np.ndarray:
+    """ldtilecfg's 64 bytes: palette 1, tiles 0..7 of 64 bytes a row, 16 rows, but the tiles in
+    `row_tiles` `rows` rows."""
     cfg = np.zeros(64, dtype=np.uint8)
     cfg[0] = 1
     for tile in range(8):
         cfg[16 + 2 * tile] = 64  # bytes per row (a little-endian u16)
-        cfg[48 + tile] = ROWS
+        cfg[48 + tile] = rows if tile in row_tiles else ROWS
     return cfg
 
 
 TILE_CONFIG = tile_config()
+# matmul's tiles for a product of M < 16 rows: its accumulators (0-3) and rows (4, 5) M rows high,
+# its weights' tiles (6, 7) whole. The hardware computes each row of a tile product alone, so a
+# row's result is the same bits whatever the tile's height, and a product of fewer rows, its row
+# loads and its stores take less time. A whole forward on the Xeon (context 350, medians of 31
+# interleaved pairs): 1 row 0.88x the time with tiles of 16 rows, 8 rows 0.92x, 12 rows 0.97x.
+MATMUL_CONFIGS = np.stack([tile_config(max(rows, 1), (0, 1, 2, 3, 4, 5)) for rows in range(ROWS + 1)])
 
 
 def _request_tiles() -> str | None:
@@ -366,8 +373,9 @@ def matmul(x, w, out):  # pragma: no cover - compiled
         for m in prange(m_rows):
             _to_bf16(x[m], a[m])
     a_row, out_row = a.shape[1], out.shape[1]
+    cfg = MATMUL_CONFIGS[min(m_rows, ROWS)]
     for g in prange(groups):
-        _load_config(TILE_CONFIG)
+        _load_config(cfg)
         for pair in range(0, row_tiles, 2):  # two tiles of rows at a time: each B tile loaded serves both
             both = pair + 1 < row_tiles
             _zero(0)
