@@ -19,7 +19,7 @@ float32; the probabilities go to the second product rounded to bf16 (as in flash
 its sums are divided by the float32 sum of the unrounded ones.
 
 AMX needs Linux's permission per process (arch_prctl), and each thread loads the tile shapes
-(TILE_CONFIG) before its first tile instruction.
+(TILE_CONFIG; matmul's as high as its rows, MATMUL_CONFIGS) before its first tile instruction.
 """
 
 from __future__ import annotations
