@@ -168,9 +168,8 @@ class CpuBf16Ops(CpuOps):
     residual stream are float32 (kernels.py's), all layers in one compiled call
     (amx.decoder_layers). A tile product computes each row alone in hardware, so a verification's
     rows match a step's bits, and a tile of up to 16 rows reads each weight once for all of them
-    (on a Sapphire Rapids Xeon at context 350: a forward of 8 rows
-    1.16x one row's time, of 16 rows 1.37x, one row's 11 ms reading the weights at 24 GB/s;
-    float32 1.3x at 9 rows)."""
+    (on a Sapphire Rapids Xeon at context 350: a forward of 8 rows 1.16x one row's time, of 16
+    rows 1.37x, one row's 11 ms reading the weights at 24 GB/s; float32 1.3x at 9 rows)."""
 
     cache_dtype = torch.bfloat16
     cache_layout = staticmethod(kernels.bf16_cache_shapes)
