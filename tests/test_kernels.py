@@ -165,6 +165,15 @@ def test_a_new_cache_is_zeros(tiny_target, ops):
 
 
 @pytest.mark.parametrize("ops", [CpuOps, *BF16_OPS_PARAMS])
+def test_weights_and_cache_start_on_a_cache_line(tiny_target, ops):
+    """A tile's row or a vector off a 64-byte line touches two (kernels.line_aligned)."""
+    model = Llama(tiny_target, ops=ops())
+    cache = model.new_cache(2, 64)
+    packed = [w.tiles for w in vars(model.layers).values() if hasattr(w, "tiles")] + [model.lm_head.tiles]
+    assert packed and all(t.data_ptr() % kernels.CACHE_LINE == 0 for t in (*packed, cache.k, cache.v))
+
+
+@pytest.mark.parametrize("ops", [CpuOps, *BF16_OPS_PARAMS])
 def test_forward_rows_match_one_token_decoding_bit_for_bit(tiny_target, ops):
     """Prefill + a k-row verification in one call, mixed with another sequence, gives the same
     logits as decoding each token alone: the property greedy exactness stands on."""

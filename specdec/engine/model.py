@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from specdec.engine import kernels
 from specdec.engine.ops import CpuOps, TorchOps, Weight, bf16_ops, bf16_unsupported
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -238,4 +238,5 @@ def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> 
     if device.type != "cpu":
         return torch.zeros(shape, device=device, dtype=dtype)
     bits = torch.int16 if dtype == torch.bfloat16 else dtype  # numpy has no bfloat16
-    return torch.from_numpy(np.zeros(shape, dtype=torch.empty(0, dtype=bits).numpy().dtype)).view(dtype)
+    numpy_dtype = torch.empty(0, dtype=bits).numpy().dtype
+    return torch.from_numpy(kernels.line_aligned(shape, numpy_dtype, zeros=True)).view(dtype)

@@ -74,8 +74,8 @@ class CpuOps:
 
     def weight(self, w: torch.Tensor) -> PackedWeight:
         """(..., N, K) -> the tiles linear() takes (pack_weight of each matrix)."""
-        matrices = _numpy(w.reshape(-1, *w.shape[-2:]))
-        tiles = np.stack([self.pack_weight(m) for m in matrices])
+        packed = [self.pack_weight(m) for m in _numpy(w.reshape(-1, *w.shape[-2:]))]
+        tiles = np.stack(packed, out=kernels.line_aligned((len(packed), *packed[0].shape), packed[0].dtype))
         return PackedWeight(torch.from_numpy(tiles.reshape(*w.shape[:-2], *tiles.shape[1:])), w.shape[-2])
 
     def linear(self, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
