@@ -39,6 +39,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -46,12 +47,14 @@ import numpy as np
 from specdec.config import AdaptiveOptions
 
 
-def token_values(first: np.ndarray, then: np.ndarray, width: int) -> np.ndarray:
-    """(requests, width): the expected tokens each draft token brings, when a request's first
-    draft token is accepted with probability `first` and each next one, after an accepted one,
-    with `then`: the j-th (from 0) counts iff it and all before it are accepted, first * then^j.
-    A round of k draft tokens yields 1 + the sum of the first k, E(k) above."""
-    return first[:, None] * then[:, None] ** np.arange(width)
+def token_value(first: float, then: float, j: int) -> float:
+    """The expected tokens the j-th draft token (from 0) brings, when a request's first draft
+    token is accepted with probability `first` and each next one, after an accepted one, with
+    `then`: it counts iff it and all before it are accepted, first * then^j. A round of k draft
+    tokens yields 1 + the sum over the first k, E(k) above. (Python floats: a round's decisions
+    take a few dozen of them, where numpy's calls cost ~0.1 ms after a forward has emptied the
+    caches, on cores the next forward waits for.)"""
+    return first * then**j
 
 
 SHAPE_WINDOW = 64  # a row count's latest lone forwards: its shape factor is their median
@@ -309,7 +312,7 @@ class Controller:
         if not self.options.enabled or self.target is None or self._plan is None or state.pool not in self.recent:
             return True  # (no plan yet: it drafts what is asked)
         first, then = self._rates(state, evidence)
-        return bool(token_values(np.array([first]), np.array([then]), 1)[0][0] >= self._plan.worth)
+        return token_value(first, then, 0) >= self._plan.worth
 
     def pool_rate(self, pool: str) -> float:
         """The first-token rate of the recent drafts of a pool (RequestState.pool) over all requests."""
@@ -338,8 +341,8 @@ class Controller:
         plan = self._plan
         plan.decisions_left -= 1
         first, then = self.rates(key)
-        values = token_values(np.array([first]), np.array([then]), limit)[0]
-        k = int((values >= plan.worth).sum())  # values fall with the position in the draft
+        values = [token_value(first, then, j) for j in range(limit)]
+        k = sum(v >= plan.worth for v in values)  # values fall with the position in the draft
         # keep k while the token that would change it is worth about the bar: the estimates move
         # a little every round
         current = min(state.k, limit)
@@ -366,29 +369,38 @@ class Controller:
         expected tokens, falling with j, so for any total of N draft rows the most tokens come
         from the N most valuable tokens, each request's a prefix of its draft; the round's time
         at each N is the cost model's (on the CPU a staircase), and the plan takes the best N."""
-        keys = list(self.requests)
-        states = [self.requests[k] for k in keys]
-        limits = np.array([s.limit for s in states])
-        width = int(limits.max())
-        first, then = np.array([self.rates(k) for k in keys]).T
-        values = token_values(first, then, width)
-        values[np.arange(width) >= limits[:, None]] = 0.0
-        order = np.argsort(-values, axis=None, kind="stable")[: int(limits.sum())]  # draft tokens by worth
-        owner, j = np.divmod(order, width)
-        tokens = len(keys) + np.concatenate(([0.0], np.cumsum(values.ravel()[order])))
-        seconds = self._forwards_s(len(keys) + np.arange(len(order) + 1)) + self.overhead_s
-        drafting = np.array([s.proposer == "draft_model" for s in states])[owner]
-        if self.draft is not None and drafting.any():
-            # the draft model steps its whole batch as long as its longest draft
-            steps = np.maximum.accumulate(np.where(drafting, j + 1, 0))
-            batch = np.cumsum(drafting & (j == 0))
-            seconds[1:] += steps * self.draft.times(np.maximum(batch, 1)) * (batch > 0)
-        best = int(np.argmax(tokens / seconds))
-        worth = float(values.ravel()[order[best - 1]]) if best else math.inf
-        rows = len(keys) + best
-        rate = tokens[best] / seconds[best]
-        margin = self._forwards_s(np.array([rows + 1])) - self._forwards_s(np.array([rows]))
-        return Plan(worth, rate, rate * float(margin[0]), len(keys))
+        states = list(self.requests.values())
+        # every draft token as (its worth, its request, its position), the most valuable first
+        # (a tie in request order)
+        tokens = []
+        for i, state in enumerate(states):
+            first, then = self._rates(state, state.evidence)
+            tokens += [(token_value(first, then, j), i, j) for j in range(state.limit)]
+        tokens.sort(key=lambda token: -token[0])
+        # the round's expected tokens and seconds with the first n of them, n = 0 .. len(tokens)
+        gained = list(accumulate((token[0] for token in tokens), initial=float(len(states))))
+        forwards = self._forwards_s(len(states) + np.arange(len(tokens) + 2)).tolist()
+        seconds = [f + self.overhead_s for f in forwards[:-1]]
+        self._add_draft_steps(seconds, tokens, states)
+        best = max(range(len(seconds)), key=lambda n: gained[n] / seconds[n])  # (the first best)
+        worth = tokens[best - 1][0] if best else math.inf
+        rate = gained[best] / seconds[best]
+        return Plan(worth, rate, rate * (forwards[best + 1] - forwards[best]), len(states))
+
+    def _add_draft_steps(self, seconds: list[float], tokens: list[tuple[float, int, int]],
+                         states: list[RequestState]) -> None:  # fmt: skip
+        """plan()'s seconds with the first n tokens, plus the draft model's steps: it steps its
+        whole batch as long as its longest draft."""
+        drafting = [state.proposer == "draft_model" for state in states]
+        if self.draft is None or not any(drafting):
+            return
+        step_s = self.draft.times(np.arange(1, len(states) + 1)).tolist()  # a step's seconds by batch
+        steps = batch = 0
+        for n, (_, i, j) in enumerate(tokens, start=1):
+            if drafting[i]:
+                steps, batch = max(steps, j + 1), batch + (j == 0)
+            if batch:
+                seconds[n] += steps * step_s[batch - 1]
 
     def _forwards_s(self, rows: np.ndarray) -> np.ndarray:
         """Seconds of the target forwards a round of the requests in flight takes, by the rows of

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdec.config import AdaptiveOptions
-from specdec.controller import SHAPE_MIN, SHAPE_WINDOW, Acceptance, Controller, ForwardCost, Rate, token_values
+from specdec.controller import SHAPE_MIN, SHAPE_WINDOW, Acceptance, Controller, ForwardCost, Rate, token_value
 
 ROWS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -56,7 +56,7 @@ def settle(
 
 def expected_tokens(first: float, then: float, k: int) -> float:
     """Tokens a round of k draft tokens yields by the controller's values: its own plus theirs."""
-    return 1.0 + float(token_values(np.array([first]), np.array([then]), k).sum())
+    return 1.0 + sum(token_value(first, then, j) for j in range(k))
 
 
 def test_expected_tokens_follows_leviathan_and_two_rates():
