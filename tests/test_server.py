@@ -174,6 +174,9 @@ def test_metrics_count_drafts_per_proposer_and_position(server, prompt_ids, toke
     accepted = value("specdec_accepted_tokens_total", model="spec_decode", proposer="ngram")
     first = value("specdec_accepted_tokens_per_position_total", proposer="ngram", position="1")
     assert drafted > 0 and 0 <= accepted <= drafted and first <= accepted
+    # every draft token counted at its position, every accepted one too (sent together)
+    assert value("specdec_draft_tokens_per_position_total", proposer="ngram") == drafted
+    assert value("specdec_accepted_tokens_per_position_total", proposer="ngram") == accepted
     assert value("specdec_requests_total", proposer="ngram") >= 2
 
 
