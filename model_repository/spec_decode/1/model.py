@@ -13,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 from specdec.admission import Overloaded
 from specdec.config import load_profile
 from specdec.engine.model import LlamaConfig
+from specdec.loop import AcceptanceStats
 from specdec.passthrough import PassthroughService, drafts_in_engine
 from specdec.spec_decode import EngineError, SpecDecodeService
 from specdec.triton_io import InvalidInput, parse_spec_decode, request_inputs, spec_decode_outputs
@@ -72,8 +73,7 @@ class TritonMetrics:
         self.cache = {}
         self.increments = collections.Counter()  # metric key -> amount not yet sent
         self.gauges = {}  # metric key -> latest value not yet sent
-        # proposer -> rounds with drafts, draft tokens, accepted ones, and those two by position
-        self.rounds = {}
+        self.rounds = {}  # proposer -> its rounds not yet sent (specdec.loop.AcceptanceStats)
         self.flushed = time.monotonic()
 
     def _key(self, kind, **labels):
@@ -89,13 +89,14 @@ class TritonMetrics:
         self.gauges[self._key(kind, **labels)] = value
 
     def flush(self):
-        for proposer, (drafts, draft_tokens, accepted, drafted_at, accepted_at) in self.rounds.items():
-            self._add("drafts", drafts, proposer=proposer)
-            self._add("draft_tokens", draft_tokens, proposer=proposer)
-            self._add("accepted", accepted, proposer=proposer)
-            for kind, by_position in (("drafted_position", drafted_at), ("position", accepted_at)):
+        for proposer, stats in self.rounds.items():
+            self._add("drafts", stats.drafts, proposer=proposer)
+            self._add("draft_tokens", stats.draft_tokens, proposer=proposer)
+            self._add("accepted", stats.accepted_tokens, proposer=proposer)
+            for kind, by_position in (("drafted_position", stats.drafted_at), ("position", stats.accepted_at)):
                 for i, n in enumerate(by_position):
-                    self._add(kind, n, proposer=proposer, position=str(i + 1))
+                    if n:  # a position never accepted gets no counter yet
+                        self._add(kind, n, proposer=proposer, position=str(i + 1))
         self.rounds.clear()
         for key, amount in self.increments.items():
             self.cache[key].increment(amount)
@@ -107,16 +108,9 @@ class TritonMetrics:
 
     def round(self, proposer, num_draft, num_accepted):
         if num_draft:
-            # plain counts here, labelled at flush(): a metric key a draft position cost ~45 us a
-            # round after a forward had emptied the caches
-            counts = self.rounds.setdefault(proposer, [0, 0, 0, [], []])
-            counts[0] += 1
-            counts[1] += num_draft
-            counts[2] += num_accepted
-            for by_position, n in ((counts[3], num_draft), (counts[4], num_accepted)):
-                by_position += [0] * (n - len(by_position))
-                for i in range(n):
-                    by_position[i] += 1
+            # counted here, labelled at flush(): a metric key a draft position cost ~45 us a round
+            # after a forward had emptied the caches
+            self.rounds.setdefault(proposer, AcceptanceStats()).record(num_draft, num_accepted)
         if time.monotonic() - self.flushed > self.FLUSH_S:
             self.flush()
 
