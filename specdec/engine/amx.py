@@ -216,7 +216,7 @@ def _zero_rows_from(arr, start):  # pragma: no cover - compiled
 
 
 @njit(inline="always")
-def _lined(shape, dtype):  # pragma: no cover - compiled
+def lined(shape, dtype):  # pragma: no cover - compiled
     """np.empty(shape, dtype) from a cache line on (kernels.line_aligned; numba's arrays start on
     32 bytes): a tile's rows are 64 bytes, and one across two lines costs two accesses."""
     size = 1
@@ -251,7 +251,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
         length = positions[m1 - 1] + 1
         n_q = (m1 - m0) * group
         row_tiles = -(-n_q // ROWS)
-        x = _lined((row_tiles * ROWS, key_width), np.int16)  # padding zeroed below
+        x = lined((row_tiles * ROWS, key_width), np.int16)  # padding zeroed below
         _zero_rows_from(x, n_q)
         for r in range(n_q):
             for d in range(head_dim):
@@ -259,7 +259,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
             _zero_from(x[r], head_dim)
         key_blocks = -(-length // KEY_BLOCK)
         value_blocks = -(-length // VALUE_BLOCK)
-        scores = _lined((row_tiles * ROWS, key_blocks * KEY_BLOCK), np.float32)
+        scores = lined((row_tiles * ROWS, key_blocks * KEY_BLOCK), np.float32)
         width = scores.shape[1]
         _load_config(TILE_CONFIG)
         for rt in range(0, row_tiles, 2):  # two tiles of queries at a time: each key tile loaded serves both
@@ -294,7 +294,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
                 _store(0, scores, rt * ROWS * width + t * KEY_BLOCK, 4 * width)
                 if both:
                     _store(4, scores, (rt + 1) * ROWS * width + t * KEY_BLOCK, 4 * width)
-        p = _lined((row_tiles * ROWS, value_blocks * VALUE_BLOCK), np.int16)  # bf16
+        p = lined((row_tiles * ROWS, value_blocks * VALUE_BLOCK), np.int16)  # bf16
         _zero_rows_from(p, n_q)
         inv = np.empty(n_q, dtype=np.float32)  # 1 / each softmax's sum, applied to its output
         for r in range(n_q):
@@ -303,12 +303,12 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
             _zero_from(p[r], own)
         # the last block's positions from `length` on may hold anything (NaN times 0 is NaN):
         # it goes through a copy with zeros there
-        last = _lined((VALUE_BLOCK // 2, head_dim, 2), np.int16)
+        last = lined((VALUE_BLOCK // 2, head_dim, 2), np.int16)
         first = (value_blocks - 1) * VALUE_BLOCK
         for pos in range(first, first + VALUE_BLOCK):
             for d in range(head_dim):
                 last[(pos - first) // 2, d, pos % 2] = values[s, g, pos // 2, d, pos % 2] if pos < length else 0
-        result = _lined((row_tiles * ROWS, head_dim), np.float32)
+        result = lined((row_tiles * ROWS, head_dim), np.float32)
         row_bytes = 4 * head_dim  # a row of values: head_dim pairs of bf16
         for rt in range(row_tiles):
             for col in range(0, head_dim, 16 * PV_TILES):  # tiles 4..7: 16 columns each
@@ -377,7 +377,7 @@ def matmul(x, w, out):  # pragma: no cover - compiled
     m_rows = x.shape[0]
     groups, chunks = w.shape[0], w.shape[1]
     row_tiles = -(-m_rows // ROWS)
-    a = _lined((row_tiles * ROWS, chunks * PAIR), np.int16)  # np.zeros took 4 us at 16 rows
+    a = lined((row_tiles * ROWS, chunks * PAIR), np.int16)  # np.zeros took 4 us at 16 rows
     _zero_rows_from(a, m_rows)
     if m_rows < PARALLEL_ROWS:
         for m in range(m_rows):
@@ -438,11 +438,11 @@ def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, wo, mlp_n
     padded = -(-rows // ROWS) * ROWS
     n_kv, head_dim = values.shape[2], values.shape[4]
     h = np.empty_like(x)
-    qkv = _lined((padded, wqkv.shape[1] * GROUP * 16), np.float32)
+    qkv = lined((padded, wqkv.shape[1] * GROUP * 16), np.float32)
     q = np.empty((rows, n_heads, head_dim), dtype=np.float32)
     attended = np.empty((rows, n_heads * head_dim), dtype=np.float32)
-    projected = _lined((padded, wo.shape[1] * GROUP * 16), np.float32)  # wo's and w_down's
-    gate_up = _lined((padded, w_gate_up.shape[1] * GROUP * 16), np.float32)
+    projected = lined((padded, wo.shape[1] * GROUP * 16), np.float32)  # wo's and w_down's
+    gate_up = lined((padded, w_gate_up.shape[1] * GROUP * 16), np.float32)
     mlp = np.empty((rows, gate_up_width // 2), dtype=np.float32)
     for i in range(attn_norm.shape[0]):
         rmsnorm(x, attn_norm[i], eps, h)

@@ -127,7 +127,7 @@ def _project_typed(x, w):
     if w.dtype == types.int16:  # amx.pack_weight's tiles
 
         def on_tiles(x, w):
-            out = np.empty((-(-x.shape[0] // amx.ROWS) * amx.ROWS, w.shape[0] * amx.GROUP * 16), dtype=np.float32)
+            out = amx.lined((-(-x.shape[0] // amx.ROWS) * amx.ROWS, w.shape[0] * amx.GROUP * 16), np.float32)
             amx.matmul(x, w, out)
             return out
 
