@@ -42,10 +42,6 @@ class TextTokenizer:
         )
         return env.from_string(source)
 
-    @property
-    def has_chat_template(self) -> bool:
-        return self._template is not None
-
     def chat_prompt(self, user_text: str) -> str:
         """The prompt a chat model expects for one user turn, ending where the answer starts."""
         if self._template is None:
@@ -60,9 +56,6 @@ class TextTokenizer:
     def prompt_ids(self, text: str, apply_chat_template: bool) -> list[int]:
         """A request's prompt as the engine gets it: in the chat template, or as it is."""
         return self.encode(self.chat_prompt(text) if apply_chat_template else text)
-
-    def vocabulary(self) -> dict[str, int]:
-        return self._tok.get_vocab(with_added_tokens=True)
 
 
 def text_delta(decode, ids: list[int], context_length: int, final: bool) -> str:

@@ -22,7 +22,19 @@ from prompts import PASSAGE, PROMPTS
 
 from specdec.client.client import GenerationParams, TritonClient, http_generate
 from specdec.client.server_stats import scrape, total
-from specdec.contract import SPEC_DECODE_INPUTS, SPEC_DECODE_OUTPUTS
+from specdec.contract import (
+    CACHE_SALT_INPUT,
+    ENGINE_INPUTS,
+    ENGINE_OUTPUTS,
+    ENSEMBLE_INPUTS,
+    ENSEMBLE_OUTPUTS,
+    GUESS_INPUT,
+    GUESS_OUTPUT,
+    ROW_ERRORS_OUTPUT,
+    SEQUENCE_KEY_INPUT,
+    SPEC_DECODE_INPUTS,
+    SPEC_DECODE_OUTPUTS,
+)
 from specdec.engine.kv_slots import common_prefix
 
 pytestmark = pytest.mark.server
@@ -317,6 +329,30 @@ def test_spec_decode_answers_with_the_outputs_asked_for(server, asked):
     assert results
     for result in results:
         assert {o.name for o in result.get_response().outputs} == set(asked or SPEC_DECODE_OUTPUTS)
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "outputs", "own_inputs", "own_outputs"),
+    [
+        ("ensemble", ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, [], []),
+        ("spec_decode", SPEC_DECODE_INPUTS, SPEC_DECODE_OUTPUTS, [], []),
+        ("target", ENGINE_INPUTS, ENGINE_OUTPUTS, [GUESS_INPUT, CACHE_SALT_INPUT, SEQUENCE_KEY_INPUT],
+         [GUESS_OUTPUT, ROW_ERRORS_OUTPUT]),
+    ],
+)  # fmt: skip
+def test_the_served_models_speak_the_contract(server, model, inputs, outputs, own_inputs, own_outputs):
+    """The tensors each loaded model declares (Triton's model metadata) are specdec.contract's,
+    names and dtypes: the client builds its requests from the contract, so a config.pbtxt that
+    drifted from it would fail requests at run time. The engine model also has its own tensors
+    beside TensorRT-LLM's."""
+    from tritonclient.grpc import InferenceServerClient
+    from tritonclient.utils import np_to_triton_dtype
+
+    metadata = InferenceServerClient(server.grpc_url).get_model_metadata(model, as_json=True)
+    for kind, contract, own in (("inputs", inputs, own_inputs), ("outputs", outputs, own_outputs)):
+        served = {t["name"]: t["datatype"] for t in metadata[kind]}
+        assert set(served) == set(contract) | set(own)
+        assert {n: served[n] for n in contract} == {n: np_to_triton_dtype(np.dtype(t)) for n, t in contract.items()}
 
 
 def test_the_server_still_serves_after_bad_input(server):
