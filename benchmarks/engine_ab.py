@@ -5,11 +5,12 @@
 Checks REV out into a temporary git worktree and runs two worker processes, one importing the
 engine from there, one from this tree, each with the embedded target over its own KV cache. They
 take turns on each case, so that both see the same states of a shared machine: rows of one
-sequence after a 250-token prompt (a step, and verifications of 4, 8, 11, 13 and 15 drafts: the profile's most), 16
-sequences of one row each, and a 250-token prefill. Prints the median of each and the median of
-the paired ratios (this tree / base), then how far the logits of a 250-token prompt move between
-the two and whether every greedy choice stays. Any revision whose Llama has this tree's
-forward(cache, tokens, positions, slots, logit_rows) can be the base, whatever its kernels.
+sequence after a 250-token prompt (a step, and verifications of 4, 8, 11, 13 and 15 drafts: the
+profile's most), 16 sequences of one row each, and a 250-token prefill (--prompt N: N tokens).
+Prints the median of each and the median of the paired ratios (this tree / base), then how far
+the logits of the prompt move between the two and whether every greedy choice stays. Any
+revision whose Llama has this tree's forward(cache, tokens, positions, slots, logit_rows) can be
+the base, whatever its kernels.
 --dtype sets this tree's engine dtype, --base-dtype the base's (both float32 by default): `--base
 HEAD --dtype bfloat16` compares the two CPU engines of this build, `--base REV --dtype bfloat16
 --base-dtype bfloat16` two builds' bf16 engines. --attention times the AMX engine's attention
@@ -37,7 +38,7 @@ from specdec.build import build
 from specdec.config import load_profile
 from specdec.progress import console, progress_bar
 
-PROMPT = 250
+PROMPT = 250  # tokens of the prompt, the default
 ATTENTION_CALLS = 20  # a case's time with --attention: the median of this many calls
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,15 +47,16 @@ def cases(prompt):
     """name -> (tokens, positions, slots): the prompt is cached in slots 0..15."""
     import torch
 
+    length = len(prompt)
     one = torch.zeros(17, dtype=torch.int64)
-    after = torch.arange(PROMPT, PROMPT + 17)
+    after = torch.arange(length, length + 17)
     out = {f"{n} row{'s' * (n > 1)} of one sequence": (prompt[:n], after[:n], one[:n]) for n in (1, 5, 9, 12, 14, 16)}
-    out["16 sequences, 1 row each"] = (prompt[:16], torch.full((16,), PROMPT), torch.arange(16))
-    out[f"prefill of {PROMPT} tokens"] = (prompt, torch.arange(PROMPT), torch.full((PROMPT,), 16))
+    out["16 sequences, 1 row each"] = (prompt[:16], torch.full((16,), length), torch.arange(16))
+    out[f"prefill of {length} tokens"] = (prompt, torch.arange(length), torch.full((length,), 16))
     return out
 
 
-def worker(model_dir: str, dtype: str, attention: bool) -> None:
+def worker(model_dir: str, dtype: str, attention: bool, length: int) -> None:
     """Answers each line of stdin: a case name -> its forward's (or attention's) seconds;
     "logits" -> the logits of every position of the prompt (or attention's outputs over it) as
     .npy bytes, hex."""
@@ -63,19 +65,20 @@ def worker(model_dir: str, dtype: str, attention: bool) -> None:
     from specdec.engine.model import Llama
 
     model = Llama(Path(model_dir), dtype=dtype)
-    cache = model.new_cache(17, 1024)
-    prompt = torch.randint(0, model.cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache(17, max(1024, length + 17))
+    prompt = torch.randint(0, model.cfg.vocab_size, (length,), generator=torch.Generator().manual_seed(0))
 
     def forward(tokens, positions, slots, logit_rows=None):
         rows = torch.tensor([len(tokens) - 1]) if logit_rows is None else logit_rows
         return model.forward(cache, tokens, positions, slots, rows)
 
+    every = torch.arange(length)
     for slot in range(16):
-        forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), slot))
+        forward(prompt, every, torch.full((length,), slot))
     run = forward
     if attention:  # attention alone reads the prefill case's keys: the forward is not there to write them
-        forward(prompt, torch.arange(PROMPT), torch.full((PROMPT,), 16))
-        run = layer_attention(model, cache)
+        forward(prompt, every, torch.full((length,), 16))
+        run = layer_attention(model, cache, length)
     runs = cases(prompt)
     for inputs in runs.values():  # compile, or load from numba's cache
         run(*inputs)
@@ -83,9 +86,8 @@ def worker(model_dir: str, dtype: str, attention: bool) -> None:
     for line in sys.stdin:
         name = line.strip()
         if name == "logits":
-            every = torch.arange(PROMPT)
             buffer = io.BytesIO()
-            np.save(buffer, np.asarray(run(prompt, every, torch.full((PROMPT,), 16), every)))
+            np.save(buffer, np.asarray(run(prompt, every, torch.full((length,), 16), every)))
             print(buffer.getvalue().hex(), flush=True)
         else:  # attention alone: the median of several calls, each far shorter than a forward
             times = []
@@ -96,7 +98,7 @@ def worker(model_dir: str, dtype: str, attention: bool) -> None:
             print(statistics.median(times), flush=True)
 
 
-def layer_attention(model, cache):
+def layer_attention(model, cache, length: int):
     """run(tokens, positions, slots, logit_rows=None) -> the first layer's attention over the
     cache for len(tokens) rows of seeded random queries (amx.attention: the AMX engine's)."""
     from specdec.engine import amx
@@ -106,7 +108,7 @@ def layer_attention(model, cache):
         raise SystemExit(f"--attention: the AMX engine's attention; this engine's ops are {type(model.ops).__name__}")
     keys, values = _numpy(cache.k)[0], _numpy(cache.v)[0]
     heads, head_dim = model.cfg.num_attention_heads, model.cfg.head_dim
-    queries = np.random.default_rng(0).standard_normal((PROMPT, heads, head_dim), dtype=np.float32)
+    queries = np.random.default_rng(0).standard_normal((length, heads, head_dim), dtype=np.float32)
 
     def run(tokens, positions, slots, logit_rows=None):
         out = np.empty((len(tokens), heads * head_dim), dtype=np.float32)
@@ -117,12 +119,13 @@ def layer_attention(model, cache):
 
 
 class Worker:
-    def __init__(self, source: Path, model_dir: Path, dtype: str = "float32", attention: bool = False):
+    def __init__(self, source: Path, model_dir: Path, dtype: str, attention: bool, length: int):
         # libgomp's threads spin a while after each parallel region: in the waiting process they
         # would spin into the other one's forward
         env = {"GOMP_SPINCOUNT": "10000", **os.environ, "PYTHONPATH": str(source)}
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(model_dir), "--dtype", dtype, *["--attention"] * attention],
+            [sys.executable, __file__, "--worker", str(model_dir), "--dtype", dtype, "--prompt", str(length),
+             *["--attention"] * attention],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=source,
         )  # fmt: skip
         self.cases = json.loads(self.process.stdout.readline())
@@ -144,10 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="this tree's engine dtype")
     ap.add_argument("--base-dtype", default="float32", choices=["float32", "bfloat16"], help="the base's")
     ap.add_argument("--attention", action="store_true", help="time the AMX engine's attention, not forwards")
+    ap.add_argument("--prompt", type=int, default=PROMPT, help="tokens of the prompt and of the prefill case")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.dtype, args.attention)
+        worker(args.worker, args.dtype, args.attention, args.prompt)
         return 0
     if not args.base:
         ap.error("--base is required")
@@ -159,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True)  # fmt: skip
         try:
             workers = {
-                "base": Worker(tree, profile.model_dir("target"), args.base_dtype, args.attention),
-                "this tree": Worker(REPO, profile.model_dir("target"), args.dtype, args.attention),
+                "base": Worker(tree, profile.model_dir("target"), args.base_dtype, args.attention, args.prompt),
+                "this tree": Worker(REPO, profile.model_dir("target"), args.dtype, args.attention, args.prompt),
             }
             seconds = {case: {name: [] for name in workers} for case in workers["base"].cases}
             with progress_bar() as bar:
@@ -192,12 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     diff = float(np.abs(logits["this tree"] - logits["base"]).max())
     if args.attention:
-        lines += ["", f"Attention over a {PROMPT}-token prompt: largest difference {diff:.2e}."]
+        lines += ["", f"Attention over a {args.prompt}-token prompt: largest difference {diff:.2e}."]
     else:
         same = bool((logits["this tree"].argmax(-1) == logits["base"].argmax(-1)).all())
         lines += [
             "",
-            f"Logits of a {PROMPT}-token prompt: largest difference {diff:.2e}; every argmax the same: {same}.",
+            f"Logits of a {args.prompt}-token prompt: largest difference {diff:.2e}; every argmax the same: {same}.",
         ]
     console.print("\n".join(lines))
     return 0

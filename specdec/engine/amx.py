@@ -231,18 +231,23 @@ def lined(shape, dtype):  # pragma: no cover - compiled
 def attention(q, keys, values, slots, positions, out):  # pragma: no cover - compiled
     """kernels.attention over this module's bf16 cache (one layer), on AMX tiles.
 
-    q: (M, H, Dh) float32; out: (M, H * Dh) float32. A run of up to 2 * ROWS // group rows of
-    one sequence and the group query heads of a kv head make the rows of the tiles (padded with
-    zeros to whole tiles), taken two tiles at a time: each key tile loaded serves both, and with
-    up to 64 features a query's tiles stay loaded while the keys stream past (a verification of
-    16 rows: 0.87-0.91x the time of one tile at a time)."""
+    q: (M, H, Dh) float32; out: (M, H * Dh) float32. A block of up to 2 * ROWS // group rows of
+    one sequence (in a forward of PARALLEL_ROWS rows or more, a prefill's, up to 4 * ROWS //
+    group) and the group query heads of a kv head make the rows of the tiles (padded with zeros
+    to whole tiles), taken two tiles at a time: each key tile loaded serves both, and with up to
+    64 features a query's tiles stay loaded while the keys stream past (a verification of 16
+    rows: 0.87-0.91x the time of one tile at a time)."""
     n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv, key_width = keys.shape[1], 2 * keys.shape[3]
     group = n_heads // n_kv
     chunks = key_width // PAIR
     held = chunks <= 2  # the queries stay in their tiles while the keys stream past
     scale = np.float32(1.0 / math.sqrt(head_dim))
-    starts = _row_blocks(slots, positions, max(1, 2 * ROWS // group), 1)
+    # a prefill's blocks are plenty for both threads: fewer, of more queries, each reading the keys
+    # before it (benchmarks/engine_ab.py: attention over 250 / 1000 tokens 0.84x / 0.90-0.94x the
+    # time, whole prefills 0.95x / 0.97x, the same bits)
+    tiles = 4 if len(slots) >= PARALLEL_ROWS else 2
+    starts = _row_blocks(slots, positions, max(1, tiles * ROWS // group), 1)
     items = (len(starts) - 1) * n_kv
     for i in prange(items):
         item = i // 2 if i % 2 == 0 else items - 1 - i // 2  # as kernels.attention: equal shares
