@@ -32,7 +32,8 @@ grounded figure depends on the mix of tasks (copy-edits and code run far ahead o
 answers). Where tritonserver or one of its stubs dies during a cell (the README's operations
 section: Triton's server#8882 under concurrent BLS load), the server is restarted and the cell
 runs again from its start, at most CELL_TRIES times; the restarts are reported with the cells.
-Writes targets.md and targets.json.
+Writes targets.md, targets.json and targets.png (the ratios by concurrency; `--plot DIR` draws it
+again from DIR/targets.json).
 
 Held-out prompts: --grounded and --open take a .jsonl file each (one {"text": ...} object a line,
 as `specdec bench --workload`) in place of the built-in grounded and chat workloads.
@@ -197,6 +198,39 @@ def decoding(row: dict) -> str:
             "the same work in both arms)")  # fmt: skip
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """The sweep's ratios as a figure: a panel a workload, prompt lookup's throughput over the
+    baseline's by concurrency with its 95% interval, the A/A arm's beside it (the yardstick for a
+    ratio near 1), the 0.97x floor, and on grounded prompts the 2.5x target at one user."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 3.8), squeeze=False)
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        cells = [r for r in rows if r["workload"] == workload]
+        x = list(range(len(cells)))
+        for key, label, shift in (("ratio", "prompt lookup", -0.06), ("aa_ratio", "A/A arm", 0.06)):
+            values = [r[key] for r in cells]
+            bounds = [r[f"{key}_interval"] or (v, v) for r, v in zip(cells, values, strict=True)]
+            errors = [[v - lo for v, (lo, _) in zip(values, bounds, strict=True)],
+                      [hi - v for v, (_, hi) in zip(values, bounds, strict=True)]]  # fmt: skip
+            ax.errorbar([i + shift for i in x], values, yerr=errors, marker="o", capsize=3, label=label)
+        ax.axhline(0.97, color="C3", ls="--", lw=1, label="floor, 0.97x")
+        if workload == "grounded" and cells[0]["concurrency"] == 1:
+            ax.plot([0], [2.5], marker="*", ms=12, ls="none", color="C2", label="target at one user, 2.5x")
+        ax.set(title=f"{workload} ({cells[0]['prompts']})", xlabel="concurrency (users)",
+               ylabel="tokens/s over the baseline's", xticks=x,
+               xticklabels=[str(r["concurrency"]) for r in cells])  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
@@ -206,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--open", default="chat", help="open-ended prompts: built-in chat, or a .jsonl file")
     ap.add_argument("--temperature", type=float, help="sample (a seed per prompt); default: greedy")
     ap.add_argument("--top-p", type=float)
+    ap.add_argument("--plot", type=Path, metavar="DIR", help="only draw DIR/targets.png from DIR/targets.json")
     args = ap.parse_args(argv)
+    if args.plot:
+        plot(json.loads((args.plot / "targets.json").read_text())["levels"], args.plot / "targets.png")
+        return 0
     levels = [int(c) for c in args.concurrency.split(",")]
     if 1 not in levels:  # (figures 1 and 3 are one user's: found missing after the whole sweep, before)
         ap.error("--concurrency must include 1: plain decoding and the grounded figure are measured at one user")
@@ -290,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
             cells = " | ".join(f"{x:.2f}x" if x else "-" for x in ratios)
             lines.append(f"| {r['workload']} | {r['concurrency']} | {cells} |")
     lines += ["", f"The intervals: a paired bootstrap over a cell's rounds, none under {MIN_ROUNDS} rounds "
-              "(over fewer it understates the spread)."]  # fmt: skip
+              "(over fewer it understates the spread).", "", "![the ratios by concurrency](targets.png)"]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
+    plot(rows, args.out / "targets.png")
     (args.out / "targets.md").write_text("\n".join(lines) + "\n")
     (args.out / "targets.json").write_text(
         json.dumps(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -53,3 +54,18 @@ def test_a_sweep_without_one_user_is_refused_before_it_runs(capsys):
     with pytest.raises(SystemExit):
         main(["--concurrency", "16,32"])
     assert "--concurrency must include 1" in capsys.readouterr().err
+
+
+def _cell(workload: str, concurrency: int, ratio: float) -> dict:
+    return {"workload": workload, "prompts": workload, "concurrency": concurrency, "ratio": ratio,
+            "ratio_interval": [ratio - 0.1, ratio + 0.2], "aa_ratio": 1.0, "aa_ratio_interval": None}  # fmt: skip
+
+
+def test_the_ratios_are_drawn_again_from_a_runs_json(tmp_path):
+    """`--plot DIR` draws targets.png from the targets.json a sweep wrote (a cell's A/A interval may
+    be missing: fewer rounds than it is given for)."""
+    rows = [_cell("grounded", 1, 2.4), _cell("grounded", 2, 2.1), _cell("chat", 1, 1.5)]
+    (tmp_path / "targets.json").write_text(json.dumps({"levels": rows}))
+    assert main(["--plot", str(tmp_path)]) == 0
+    png = (tmp_path / "targets.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
