@@ -64,6 +64,8 @@ CONCURRENCY = (1, 2, 4, 8, 16, 32)
 VERIFY_PAIRS = 40  # 1-row / 5-row forward pairs behind the verification figure
 CELL_TRIES = 3
 MIN_ROUNDS = 8  # the fewest rounds a cell's 95% interval is given for
+GROUNDED_SPEEDUP = 2.5  # the grounded figure's target, at one user
+FLOOR = 0.97  # the lowest ratio speculation may make at any concurrency
 
 
 def verification_cost(engine: Engine, pairs: int = VERIFY_PAIRS) -> dict[str, float]:
@@ -201,7 +203,7 @@ def decoding(row: dict) -> str:
 def plot(rows: list[dict], path: Path) -> None:
     """The sweep's ratios as a figure: a panel a workload, prompt lookup's throughput over the
     baseline's by concurrency with its 95% interval, the A/A arm's beside it (the yardstick for a
-    ratio near 1), the 0.97x floor, and on grounded prompts the 2.5x target at one user."""
+    ratio near 1), the floor, and on grounded prompts the target at one user."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,9 +220,9 @@ def plot(rows: list[dict], path: Path) -> None:
             errors = [[v - lo for v, (lo, _) in zip(values, bounds, strict=True)],
                       [hi - v for v, (_, hi) in zip(values, bounds, strict=True)]]  # fmt: skip
             ax.errorbar([i + shift for i in x], values, yerr=errors, marker="o", capsize=3, label=label)
-        ax.axhline(0.97, color="C3", ls="--", lw=1, label="floor, 0.97x")
+        ax.axhline(FLOOR, color="C3", ls="--", lw=1, label=f"floor, {FLOOR:g}x")
         if workload == "grounded" and cells[0]["concurrency"] == 1:
-            ax.plot([0], [2.5], marker="*", ms=12, ls="none", color="C2", label="target at one user, 2.5x")
+            ax.plot([0], [GROUNDED_SPEEDUP], "*", ms=12, color="C2", label=f"target at one user, {GROUNDED_SPEEDUP:g}x")
         ax.set(title=f"{workload} ({cells[0]['prompts']})", xlabel="concurrency (users)",
                ylabel="tokens/s over the baseline's", xticks=x,
                xticklabels=[str(r["concurrency"]) for r in cells])  # fmt: skip
@@ -286,10 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         ("prompt lookup, grounded, batch 1", f"{first['ratio']:.2f}x, 95% interval {interval(first['ratio_interval'])} "
          f"over {first['rounds']} rounds ({first['ngram_tok_s']:.1f} vs {first['baseline_tok_s']:.1f} tokens/s); "
          f"A/A arm {first['aa_ratio']:.2f}x ({interval(first['aa_ratio_interval'])}); {decoding(first)}",
-         *target(first["ratio"], 2.5)),
+         *target(first["ratio"], GROUNDED_SPEEDUP)),
         ("lowest speculation / baseline throughput, c=" + ",".join(map(str, levels)),
          f"{worst['ratio']:.2f}x ({worst['workload']}, c={worst['concurrency']}); A/A arm: {min(aa):.2f}x to "
-         f"{max(aa):.2f}x", *target(worst["ratio"], 0.97)),
+         f"{max(aa):.2f}x", *target(worst["ratio"], FLOOR)),
     ]  # fmt: skip
     prompts = ", ".join(f"{role}: {source}" for role, source in workloads.items())
     dtype = resolve_dtype(profile.engine.dtype, profile.engine.device)
