@@ -67,7 +67,7 @@ async def run_arms(service: SpecDecodeService, engine: Engine, prompts: list[lis
     totals = {arm: ArmTotals() for arm in ARMS}
     k = service.profile.speculation.max_draft_tokens
     for n, prompt in enumerate(prompts * passes):
-        texts = {}
+        outputs = {}
         for arm in ARMS if n % 2 == 0 else ARMS[::-1]:
             spec = RequestSpec(prompt, max_tokens, k if arm == "ngram" else 0, end_id)
             req = SpecDecodeRequest(spec, SamplingParams(), arm, True, True, cache_salt=secrets.token_hex(8))
@@ -79,13 +79,11 @@ async def run_arms(service: SpecDecodeService, engine: Engine, prompts: list[lis
             total = totals[arm]
             total.seconds += time.perf_counter() - start
             total.forward_s += sum(seconds for _, seconds, _, _ in engine.recent_forwards)
-            total.tokens, total.rounds, total.requests = (
-                total.tokens + len(tokens),
-                total.rounds + rounds,
-                total.requests + 1,
-            )
-            texts[arm] = tokens
-        if texts["ngram"] != texts["none"]:
+            total.tokens += len(tokens)
+            total.rounds += rounds
+            total.requests += 1
+            outputs[arm] = tokens
+        if outputs["ngram"] != outputs["none"]:
             raise AssertionError(f"prompt {n % len(prompts)}: prompt lookup's tokens differ from the baseline's")
     return totals
 
