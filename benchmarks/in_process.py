@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.build import build
+from specdec.build.render import engine_options
 from specdec.client.machine import describe, summary_line
 from specdec.client.workloads import from_jsonl
 from specdec.config import Profile, load_profile
@@ -106,12 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     profile = load_profile()
     build(profile)
-    model_dir, eng = profile.model_dir("target"), profile.engine
-    engine = Engine(
-        model_dir, dtype=eng.dtype, kv_slots=eng.kv_slots, max_seq_len=eng.max_seq_len, threads=eng.threads,
-        guess_head=profile.speculation.ngram.guess_head, guess_margin=profile.speculation.ngram.guess_margin,
-        kv_cache_reuse=eng.kv_cache_reuse,
-    )  # fmt: skip
+    model_dir = profile.model_dir("target")
+    engine = Engine(model_dir, **engine_options(profile, "target"))  # as the server's engine model makes it
     engine.warmup()
     tokenizer = TextTokenizer(model_dir)
     prompts = [tokenizer.prompt_ids(p.text, p.apply_chat_template) for p in from_jsonl(args.workload, args.max_tokens)]

@@ -44,9 +44,10 @@ def write_resolved_profile(profile: Profile) -> Path:
     return path
 
 
-def engine_values(profile: Profile, role: str) -> dict[str, object]:
+def engine_options(profile: Profile, role: str) -> dict[str, object]:
+    """specdec.engine.Engine's keyword arguments for the target or the draft model (role)."""
     eng = profile.engine
-    options = {
+    return {
         "device": eng.device,
         "dtype": eng.dtype,
         "kv_slots": eng.kv_slots,
@@ -58,6 +59,10 @@ def engine_values(profile: Profile, role: str) -> dict[str, object]:
         "guess_margin": profile.speculation.ngram.guess_margin,
         "kv_cache_reuse": eng.kv_cache_reuse,
     }
+
+
+def engine_values(profile: Profile, role: str) -> dict[str, object]:
+    eng = profile.engine
     return {
         "calibration_file": calibration_path(profile.build_path(), role),
         "model_name": role,
@@ -66,7 +71,7 @@ def engine_values(profile: Profile, role: str) -> dict[str, object]:
         "max_queue_delay_us": eng.max_queue_delay_us,
         "instances": eng.instances,
         # pbtxt string: JSON inside needs its quotes escaped
-        "engine_options": json.dumps(options).replace('"', '\\"'),
+        "engine_options": json.dumps(engine_options(profile, role)).replace('"', '\\"'),
     }
 
 
