@@ -91,10 +91,12 @@ async def run_arms(service: SpecDecodeService, engine: Engine, prompts: list[lis
 
 def in_process_service(profile: Profile, engine: Engine, build_dir: Path) -> SpecDecodeService:
     """The service over `engine`, its controller pricing rows by the engine's calibration (written
-    where the service looks for it: a build folder of its own, not the server's)."""
-    calibration = engine.calibrate()
+    where the service looks for it: a build folder of its own, not the server's, which lends it
+    its models)."""
     path = calibration_path(build_dir, "target")
     path.parent.mkdir(parents=True, exist_ok=True)
+    (build_dir / "models").symlink_to(profile.build_path() / "models")
+    calibration = engine.calibrate()
     path.write_text(ForwardCost(calibration["rows"], calibration["seconds"]).to_json())
     return SpecDecodeService(profile.model_copy(update={"build_dir": str(build_dir)}), local_call({"target": engine}))
 

@@ -38,7 +38,7 @@ from specdec.config import AdaptiveOptions, load_profile
 from specdec.controller import Controller, ForwardCost
 from specdec.engine.engine import Engine
 from specdec.progress import console
-from specdec.proposers import GUESSED, NgramProposer, PhraseIndex, PromptLookup
+from specdec.proposers import GUESSED, NgramProposer, Opening, PhraseIndex, PromptLookup
 from specdec.tokenizer import TextTokenizer
 from specdec.verify import accepted_length
 
@@ -65,10 +65,11 @@ def guess_seconds(engine: Engine, sample: Sample, repeats: int = 20) -> float:
 
 def replay(samples: list[Sample], options: AdaptiveOptions, ngram: NgramProposer, longest: int,
            step: dict[int, float], guess_s: float, overhead_s: float, caps: Caps | None = None,
-           phrases: PhraseIndex | None = None) -> tuple[float, float]:  # fmt: skip
+           phrases: PhraseIndex | None = None, opening: Opening | None = None) -> tuple[float, float]:  # fmt: skip
     """(speedup over plain decoding, tokens a round) of the requests one after another, drafts of
-    at most `longest`, with the profile's phrase index where given; `caps`: fixed drafts of at
-    most caps[evidence] (`longest` where it has none) in place of the controller."""
+    at most `longest`, with the profile's phrase index and the prefill round's opening where given
+    (a prefill's draft rows priced as a step's extra rows); `caps`: fixed drafts of at most
+    caps[evidence] (`longest` where it has none) in place of the controller."""
     rows = sorted(step)
     controller = Controller(options, target=ForwardCost(rows, [step[r] for r in rows]))
     plain = spec = 0.0
@@ -76,12 +77,12 @@ def replay(samples: list[Sample], options: AdaptiveOptions, ngram: NgramProposer
     for n, sample in enumerate(samples):
         key = f"request {n}"
         controller.start(key, "ngram", longest)
-        lookup = PromptLookup(ngram, len(sample.prompt), phrases)
+        lookup = PromptLookup(ngram, len(sample.prompt), phrases, opening=opening)
         tokens, out, done = sample.prompt.tolist(), sample.output, 0
         plain += sample.prefill_s + len(out) * (step[1] + overhead_s)
         spec += sample.prefill_s
         while done < len(out):
-            budget = min(longest, len(out) - done - 1) if done else 0  # the prefill round drafts nothing
+            budget = min(longest, len(out) - done - 1)
             evidence = lookup.evidence(tokens) if budget else None
             if caps is None:
                 k = controller.choose_k(key, budget, evidence)
@@ -98,6 +99,8 @@ def replay(samples: list[Sample], options: AdaptiveOptions, ngram: NgramProposer
                 spec += seconds
                 rounds += 1
                 controller.observe_round(seconds)
+            else:
+                spec += step[len(draft) + 1] - step[1]
             controller.observe(key, len(draft), accepted)
         controller.finish(key)
     return plain / spec, sum(len(s.output) for s in samples) / rounds
@@ -154,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     guess_s = guess_seconds(engine, next(iter(workloads.values()))[0])
     ngram = NgramProposer(options.min_n, options.max_n)
     phrases = PhraseIndex.load(options.phrases) if options.phrases else None
+    opening = Opening.from_tokenizer(TextTokenizer(model_dir)) if options.opening else None
 
     def price(samples: list[Sample], caps: Caps | None, options: AdaptiveOptions = profile.speculation.adaptive,
               ) -> tuple[float, float]:  # fmt: skip
-        return replay(samples, options, ngram, longest, step, guess_s, args.overhead_ms / 1e3, caps, phrases)
+        return replay(samples, options, ngram, longest, step, guess_s, args.overhead_ms / 1e3, caps, phrases, opening)
 
     grid = [{GUESSED: g, 1: one} for g, one in itertools.product((1, 2, 3, 4, 6, longest), (4, 8, longest))]
     console.print(f"Machine: {summary_line(describe())}. Forward ms: 1 row {step[1] * 1e3:.1f}, {longest + 1} "

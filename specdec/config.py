@@ -225,6 +225,11 @@ class NgramOptions(_Strict):
         description="a phrase index of the target's own outputs (.safetensors, written by `specdec "
         "train-guess-head`): where lookup matches little, a draft may come from the model's stock phrases",
     )
+    opening: bool = Field(
+        True,
+        description="draft the prefill round from the user's text after its first blank line (the passage a "
+        "grounded answer often opens by copying); needs the target's tokenizer and chat template",
+    )
     guess_margin: Annotated[float, Field(ge=0)] = Field(
         GUESS_MARGIN,
         description="how far (in logits) below its guess the guess head still finds a token plausible: "

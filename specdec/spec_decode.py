@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -32,8 +33,9 @@ from specdec.contract import CACHE_SALT_INPUT, GUESS_INPUT, GUESS_OUTPUT, ROW_ER
 from specdec.controller import Controller, ForwardCost, calibration_path
 from specdec.engine.engine import Engine
 from specdec.lockstep import Lockstep, send_each
-from specdec.proposers import GUESSED, PHRASED, NgramProposer, PhraseIndex, PromptLookup
+from specdec.proposers import GUESSED, PHRASED, NgramProposer, Opening, PhraseIndex, PromptLookup
 from specdec.sampling import SamplingParams, derive_seed
+from specdec.tokenizer import TextTokenizer
 from specdec.triton_io import (
     InvalidInput,
     SpecDecodeRequest,
@@ -252,6 +254,11 @@ class EngineClient:
         await self.prepare(self.model, inputs, [], key)()
 
 
+def opening(model_dir: Path) -> Opening | None:
+    """Where answers may open, from the target's tokenizer (None: it has none, or no chat template)."""
+    return Opening.from_tokenizer(TextTokenizer(model_dir)) if (model_dir / "tokenizer.json").is_file() else None
+
+
 def request_sampling(req: SpecDecodeRequest) -> SamplingParams:
     """The request's sampling; a sampled request without a seed gets a random one, so that all
     its rounds (and its draft) draw from one consistent stream."""
@@ -284,6 +291,7 @@ class SpecDecodeService:
         ngram = profile.speculation.ngram
         self.ngram = NgramProposer(ngram.min_n, ngram.max_n)
         self.phrases = PhraseIndex.load(ngram.phrases) if ngram.phrases else None
+        self.opening = opening(profile.model_dir("target")) if ngram.opening else None
         self.metrics = metrics or NoMetrics()
         self.warn = warn
         self.controller = Controller(profile.speculation.adaptive)
@@ -303,7 +311,7 @@ class SpecDecodeService:
         prompt lookup that hears the engine's guesses, if it is one and there are guesses."""
         if name == "ngram":
             wanted = partial(self.controller.would_draft, key, PHRASED)
-            lookup = PromptLookup(self.ngram, prompt_length, self.phrases, phrase_wanted=wanted)
+            lookup = PromptLookup(self.ngram, prompt_length, self.phrases, wanted, self.opening)
             return lookup.propose, lookup.evidence, lookup if self.guesses else None
         if name == "draft_model":
             assert self.draft is not None
@@ -350,7 +358,7 @@ class SpecDecodeService:
         )
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
-            rows = len(draft.ids) + 1 if gen.stats.rounds else len(tokens)  # the first call prefills
+            rows = len(draft.ids) + (1 if gen.stats.rounds else len(tokens))  # the first call prefills
             ask = None  # (an engine without guesses is not asked)
             if self.guesses:
                 ask = listener is not None and self.controller.would_draft(key, GUESSED)

@@ -14,6 +14,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
+USER_TEXT_MARK = "\ue000"  # a private-use character: no template writes it
 
 
 class TextTokenizer:
@@ -52,6 +53,18 @@ class TextTokenizer:
             bos_token=self.config.get("bos_token", ""),
             eos_token=self.config.get("eos_token", ""),
         )
+
+    def user_turn(self) -> tuple[str, str] | None:
+        """The chat template's text before and after a lone user turn's text (chat_prompt() is
+        before + text + after); None without a template."""
+        if self._template is None:
+            return None
+        before, after = self.chat_prompt(USER_TEXT_MARK).split(USER_TEXT_MARK)
+        return before, after
+
+    def token_texts(self) -> list[str]:
+        """Each token id's text alone ("" for special tokens)."""
+        return self._tok.decode_batch([[i] for i in range(self.vocab_size)], skip_special_tokens=True)
 
     def prompt_ids(self, text: str, apply_chat_template: bool) -> list[int]:
         """A request's prompt as the engine gets it: in the chat template, or as it is."""

@@ -8,9 +8,11 @@ from safetensors.numpy import save_file
 
 from specdec.proposers import (
     GUESSED,
+    OPENED,
     PHRASED,
     Lookup,
     NgramProposer,
+    Opening,
     PhraseIndex,
     PromptLookup,
     phrase_tokens,
@@ -122,6 +124,64 @@ def test_prompt_lookup_gives_its_match_length_and_drafts_from_that_match():
     assert asyncio.run(lookup.propose(tokens, 2)).ids == [5, 9]
     assert lookup.evidence([*prompt, 7]) == 0
     assert asyncio.run(lookup.propose([*prompt, 7], 2)).ids == []
+
+
+# token texts of a toy vocabulary: 0 "a", 1 "\n", 2 "\n\n", 3 "a\n", 4 "\na", 5 "<user>", 6 "<end>" (special)
+TOY_TEXTS = ["a", "\n", "\n\n", "a\n", "\na", "", ""]
+
+
+def toy_opening() -> Opening:
+    trailing = np.array([len(t) - len(t.rstrip("\n")) for t in TOY_TEXTS])
+    only_newlines = np.array([bool(t) and not t.strip("\n") for t in TOY_TEXTS])
+    return Opening([5], [6, 1], trailing, only_newlines)
+
+
+@pytest.mark.parametrize(
+    ("user_text", "start"),
+    [
+        ([0, 2, 0, 0], 2),  # a "\n\n" token
+        ([0, 1, 1, 0, 0], 3),  # "\n" then "\n"
+        ([3, 1, 0], 2),  # "a\n" then "\n"
+        ([0, 1, 2, 0, 1, 1, 0], 3),  # the first blank line: "\n" then "\n\n"
+        ([0, 1, 4, 1, 0], None),  # "\n" then "\na": the line has text
+        ([3, 3, 0], None),  # line ends, no blank line
+        ([0, 0, 2], None),  # a blank line that ends the text opens nothing
+        ([], None),
+    ],
+)
+def test_an_opening_is_the_users_text_after_its_first_blank_line(user_text, start):
+    prompt = [5, *user_text, 6, 1]  # the template's prefix and suffix around the user's text
+    span = toy_opening().span(prompt)
+    assert span == (None if start is None else (1 + start, 1 + len(user_text)))
+
+
+def test_a_prompt_outside_the_templates_frame_has_no_opening():
+    opening = toy_opening()
+    assert opening.span([0, 2, 0, 6, 1]) is None  # no prefix: raw text
+    assert opening.span([5, 0, 2, 0]) is None  # no suffix
+    assert opening.span([5, 0, 9, 2, 0, 6, 1]) == (4, 5)  # an id past the tokenizer's: no newline
+
+
+def test_the_prefill_round_drafts_the_opening_up_to_the_users_texts_end_then_the_copy_goes_on():
+    prompt = [5, 0, 2, 3, 0, 3, 6, 1]  # the opening: "a\n" "a" "a\n" at 3..5
+    lookup = PromptLookup(NgramProposer(1, 4), prompt_length=len(prompt), opening=toy_opening())
+    assert lookup.evidence(prompt) == OPENED
+    assert lookup.draft(prompt, 8) == [3, 0, 3]  # not into the template's suffix
+    assert lookup.draft(prompt, 2) == [3, 0]
+    # the target accepted the two: lookup's next match of "0" goes on from there, not at prompt[1]
+    assert lookup.draft([*prompt, 3, 0, 0], 1) == [3]
+    assert PromptLookup(NgramProposer(1, 4), len(prompt)).evidence(prompt) == 0  # no opening given
+
+
+def test_the_opening_of_a_chat_prompt_from_the_real_tokenizer(tokenizer):
+    opening = Opening.from_tokenizer(tokenizer)
+    passage = "The cat sat on the mat.\n\nIt was warm."
+    prompt = tokenizer.prompt_ids(f"Fix the spelling:\n\n{passage}", apply_chat_template=True)
+    start, end = opening.span(prompt)
+    assert tokenizer.decode(prompt[start:end]) == passage
+    assert prompt[end:] == opening.suffix
+    assert opening.span(tokenizer.prompt_ids("Fix the spelling: the cat sat.", apply_chat_template=True)) is None
+    assert opening.span(tokenizer.prompt_ids(f"Fix this:\n\n{passage}", apply_chat_template=False)) is None
 
 
 def test_prompt_lookup_goes_on_with_the_copy_it_was_making():

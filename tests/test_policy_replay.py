@@ -13,7 +13,7 @@ from copy_bound import Sample
 from policy_replay import replay, varied_options
 
 from specdec.config import AdaptiveOptions
-from specdec.proposers import NgramProposer
+from specdec.proposers import NgramProposer, Opening
 
 STEP = {rows: 0.010 for rows in range(1, 17)}  # a forward's seconds, flat: rows cost nothing
 
@@ -33,6 +33,21 @@ def test_drafts_of_fifteen_copy_sixteen_tokens_a_round():
     speedup, per_round = replay([copying_sample()], AdaptiveOptions(), NgramProposer(1, 4), 15, STEP, 0.0, 0.0, {})
     assert per_round == pytest.approx(40 / 3)
     assert speedup == pytest.approx(40 / 3)
+
+
+def test_the_prefill_round_drafts_the_opening_where_one_is_given():
+    """The prompt frames its text with 90 and 91 and has a blank line (92) before the passage the
+    output copies: the prefill round drafts 15 of it and makes 16 tokens, then 16 and the last 8
+    in two rounds."""
+    prompt = np.array([90, *range(100, 105), 92, *range(110, 160), 91])
+    sample = Sample("w", "copy", prompt, prompt[7:47].copy(), prefill_s=0.0,
+                    guesses=[[] for _ in range(len(prompt) + 41)])  # fmt: skip
+    trailing = np.zeros(200, dtype=int)
+    trailing[92] = 2
+    opening = Opening([90], [91], trailing, np.zeros(200, dtype=bool))
+    args = ([sample], AdaptiveOptions(), NgramProposer(1, 4), 15, STEP, 0.0, 0.0, {})
+    assert replay(*args, opening=opening) == pytest.approx((20.0, 20.0))
+    assert replay(*args) == pytest.approx((40 / 3, 40 / 3))  # without: the prefill round makes one token
 
 
 def test_caps_by_evidence_limit_the_drafts_from_it():

@@ -21,7 +21,7 @@ from specdec.contract import SEQUENCE_KEY_INPUT
 from specdec.controller import calibration_path
 from specdec.engine.engine import CALIBRATION_CONTEXT, Engine, GenerationRequest
 from specdec.loop import RequestSpec
-from specdec.proposers import GUESSED, PHRASED, phrase_tokens
+from specdec.proposers import GUESSED, OPENED, PHRASED, Opening, phrase_tokens
 from specdec.sampling import SamplingParams
 from specdec.spec_decode import SpecDecodeService, local_call
 from specdec.triton_io import InvalidInput, SpecDecodeRequest, parse_engine_call
@@ -273,6 +273,27 @@ def test_prompt_lookup_starts_drafting_after_the_prefill(tiny_target, tiny_draft
     assert drafts[0] == 0 and any(drafts[1:]), drafts
     # the controller heard how long each draft's match was
     assert {proposer for proposer, recent in svc.controller.recent.items() if recent.first_by_evidence} == {"ngram"}
+
+
+def test_the_prefill_round_drafts_the_users_texts_opening_and_greedy_stays_exact(tiny_target, tiny_draft):
+    """With an Opening (here: token 90 frames the user's text, token 91 ends a line, 92 ends it
+    with a blank line), the first call carries the text after the blank line as its draft, the
+    controller counts it by its own evidence, and the output is plain decoding's."""
+    svc, _ = make_service(tiny_target, tiny_draft)
+    trailing, only_newlines = np.zeros(96, dtype=int), np.zeros(96, dtype=bool)
+    trailing[91], trailing[92], only_newlines[92] = 1, 1, True
+    svc.opening = Opening([90], [90], trailing, only_newlines)
+    prompts = [[90, 7, 8, 91, 92, *range(20, 32), 90], [90, 5, 6, 7, 91, 92, 40, 41, 42, 90], [90, 3, 4, 90]]
+    firsts = []
+    record_engine_calls(svc, lambda model, inputs: firsts.append(inputs["draft_input_ids"][0].tolist()))
+    baseline = run_all(svc, [request(p, k=0, proposer="none") for p in prompts])
+    for k in (1, 3, 8):
+        firsts.clear()
+        outputs = [run_all(svc, [request(p, k=k)])[0] for p in prompts]  # one at a time: the first call is the prefill
+        assert outputs == baseline, f"k={k}"
+        drafts = [d for d in firsts if d]
+        assert list(range(20, 32))[:k] in drafts and [40, 41, 42][:k] in drafts, firsts  # (not into the frame)
+    assert OPENED in svc.controller.recent["ngram"].first_by_evidence
 
 
 def test_guesses_lead_drafts_where_lookup_matches_little_and_greedy_stays_exact(
