@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 from safetensors.numpy import load_file
 
 from specdec import loop
@@ -83,18 +84,26 @@ class NgramProposer:
 
 
 def suffix_matches(
-    corpus: np.ndarray, tokens: np.ndarray, min_n: int, max_n: int, occurrences: np.ndarray | None = None
+    corpus: np.ndarray,
+    tokens: np.ndarray,
+    min_n: int,
+    max_n: int,
+    occurrences: np.ndarray | None = None,
+    matched: int = 1,
 ) -> tuple[np.ndarray, int]:
     """Where the tokens after each occurrence in `corpus` of the longest suffix of `tokens`
     (min_n..max_n tokens) start, in corpus order, and its length; (empty, 0) when none occurs.
     Grows the match a token at a time from the occurrences of the last token (a search per suffix
     length took ~0.17 ms a round at 400 tokens): `occurrences`, those positions in corpus order,
-    where the caller has them, else found by a scan of the corpus."""
+    where the caller has them (then where the last `matched` tokens occur), else found by a scan
+    of the corpus."""
     length = len(tokens)
-    if length == 0:
+    if length < matched or length == 0:
         return np.zeros(0, dtype=np.int64), 0
-    ends = np.flatnonzero(corpus == tokens[-1]) if occurrences is None else occurrences  # where 1-token matches end
-    n = 1 if len(ends) else 0
+    if occurrences is None:
+        occurrences, matched = np.flatnonzero(corpus == tokens[-1]), 1
+    ends = occurrences  # where matches of the last n tokens end
+    n = matched if len(ends) else 0
     while len(ends) and n < min(max_n, length):
         room = ends[ends >= n]  # with a token before the match
         longer = room[corpus[room - n] == tokens[length - 1 - n]]
@@ -104,6 +113,21 @@ def suffix_matches(
     if n < min_n:
         return np.zeros(0, dtype=np.int64), 0
     return ends + 1, n
+
+
+KEY_TOKENS, KEY_BITS = 3, 21  # a run key's tokens and bits per token id (vocabularies up to 2M tokens)
+
+
+def run_keys(tokens: np.ndarray, lead: int) -> np.ndarray:
+    """(len(tokens) - lead + 1,) int64: a key for each run of `lead` (<= KEY_TOKENS) tokens, the
+    one ending at lead - 1 + i at i, equal exactly where the runs are (SEPARATOR, -1, included)."""
+    if len(tokens) < lead:
+        return np.zeros(0, dtype=np.int64)
+    windows = sliding_window_view(np.asarray(tokens, dtype=np.int64) + 1, lead)
+    keys = np.zeros(len(windows), dtype=np.int64)
+    for j in range(lead):
+        keys = (keys << KEY_BITS) | windows[:, j]
+    return keys
 
 
 class PhraseIndex:
@@ -129,15 +153,24 @@ class PhraseIndex:
     ):
         self.tokens = np.asarray(tokens, dtype=np.int32)
         self.min_n, self.max_n, self.min_share, self.max_draft = min_n, max_n, min_share, max_draft
-        # each token's positions, in corpus order: order[first[t] : first[t + 1]] for token t (a
-        # scan of the 325k-token corpus for the last token took ~40 us a search)
-        self._order = np.argsort(self.tokens, kind="stable")
-        self._first = np.searchsorted(self.tokens[self._order], np.arange(int(self.tokens.max(initial=0)) + 2))
+        # Where each run of `lead` tokens ends, by the run's key (sorted; in corpus order within a
+        # key): the occurrences of the sequence's last tokens are a binary search away. From the
+        # last token's occurrences alone (thousands for a common one, scattered over the 325k-token
+        # corpus) the search took ~0.1 ms a round.
+        self.lead = min(min_n, KEY_TOKENS)
+        keys = run_keys(self.tokens, self.lead)
+        self._order = np.argsort(keys, kind="stable") + (self.lead - 1)
+        self._keys = keys[self._order - (self.lead - 1)]
+        # the corpus with max_draft separators after it: every continuation has max_draft tokens
+        self._padded = np.concatenate([self.tokens, np.full(max_draft, self.SEPARATOR, dtype=np.int32)])
+        self._steps = np.arange(max_draft)
 
-    def _occurrences(self, token: int) -> np.ndarray:
-        if not 0 <= token < len(self._first) - 1:
-            return np.zeros(0, dtype=np.int64)
-        return self._order[self._first[token] : self._first[token + 1]]
+    def _occurrences(self, tokens: Sequence[int]) -> np.ndarray:
+        """Where runs of `tokens` (lead tokens) end in the corpus, in corpus order."""
+        key = 0
+        for token in tokens:  # run_keys() of one run, without numpy's calls
+            key = (key << KEY_BITS) | (int(token) + 1)
+        return self._order[self._keys.searchsorted(key) : self._keys.searchsorted(key + 1)]
 
     @classmethod
     def load(cls, path: str | Path) -> PhraseIndex:
@@ -149,26 +182,35 @@ class PhraseIndex:
     def draft(self, tokens: Sequence[int]) -> list[int]:
         """The continuation the phrase index proposes after `tokens` (at most max_draft tokens;
         [] where no suffix of min_n tokens occurs)."""
-        tokens = np.asarray(tokens)
-        if not len(tokens):
+        if len(tokens) < self.lead:
             return []
-        starts, _ = suffix_matches(self.tokens, tokens, self.min_n, self.max_n, self._occurrences(int(tokens[-1])))
+        occurrences = self._occurrences(tokens[-self.lead :])
+        if not len(occurrences):  # (most searches: numpy's calls cost ~10 us each after a forward)
+            return []
+        tokens = np.asarray(tokens[-self.max_n :])
+        starts, _ = suffix_matches(self.tokens, tokens, self.min_n, self.max_n, occurrences, self.lead)
+        # each occurrence's continuation, a row; taken a run of columns at a time: where every
+        # row agrees, no count (most columns: a token at a time, ~6 numpy calls a token took
+        # ~0.25 ms a draft after a forward)
+        rows = self._padded[starts[:, None] + self._steps]
         out: list[int] = []
-        while len(out) < self.max_draft and len(starts):
-            if len(starts) == 1:  # one occurrence: its continuation, up to its answer's end
-                rest = self.tokens[starts[0] : starts[0] + self.max_draft - len(out)]
-                ends = np.flatnonzero(rest == self.SEPARATOR)
-                return out + rest[: ends[0] if len(ends) else len(rest)].tolist()
-            following = self.tokens[starts]  # (the last token is always SEPARATOR: in range)
-            if (following == following[0]).all():  # most steps: every occurrence agrees, no count
-                best, count = int(following[0]), len(starts)
-            else:
-                ids, counts = np.unique(following, return_counts=True)
-                best, count = int(ids[counts.argmax()]), int(counts.max())
-            if best == self.SEPARATOR or count < self.min_share * len(starts):
+        j = 0
+        while j < self.max_draft and len(rows):
+            agree = (rows[:, j:] == rows[0, j:]).all(axis=0)
+            run = rows[0, j : j + (len(agree) if agree.all() else int(agree.argmin()))].tolist()
+            if self.SEPARATOR in run:  # an answer's end: no draft crosses it
+                return out + run[: run.index(self.SEPARATOR)]
+            out += run
+            j += len(run)
+            if j == self.max_draft:
+                break
+            ids, counts = np.unique(rows[:, j], return_counts=True)
+            best, count = int(ids[counts.argmax()]), int(counts.max())
+            if best == self.SEPARATOR or count < self.min_share * len(rows):
                 break
             out.append(best)
-            starts = starts[following == best] + 1
+            rows = rows[rows[:, j] == best]
+            j += 1
         return out
 
 

@@ -274,15 +274,15 @@ def phrase_by_definition(corpus, tokens, min_n, max_n, min_share, max_draft):
 
 
 def test_phrases_agree_with_their_definition_on_random_corpora():
-    """The index's shortcuts (each token's positions kept, one occurrence copied, a step where
-    every occurrence agrees not counted) draft what the definition drafts."""
+    """The index's shortcuts (the positions of each run of tokens kept, the columns where every
+    occurrence agrees not counted) draft what the definition drafts."""
     rng = np.random.default_rng(2)
     for _ in range(2000):
         vocab, max_draft = int(rng.integers(2, 5)), int(rng.integers(1, 8))
         answers = [rng.integers(0, vocab, int(rng.integers(0, 12))) for _ in range(int(rng.integers(1, 5)))]
         corpus = np.concatenate([np.append(a, SEP) for a in answers])
         tokens = rng.integers(0, vocab + 1, int(rng.integers(0, 8)))  # (token `vocab` occurs nowhere)
-        min_n, min_share = int(rng.integers(1, 3)), float(rng.choice([0.0, 0.5, 0.7]))
+        min_n, min_share = int(rng.integers(1, 5)), float(rng.choice([0.0, 0.5, 0.7]))
         index = PhraseIndex(corpus, min_n=min_n, max_n=6, min_share=min_share, max_draft=max_draft)
         expected = phrase_by_definition(corpus, tokens, min_n, 6, min_share, max_draft)
         assert index.draft(tokens.tolist()) == expected, (corpus.tolist(), tokens.tolist())
