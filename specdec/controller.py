@@ -98,6 +98,7 @@ class ForwardCost:
     # again, the shape changed)
     _calibrated_by_rows: np.ndarray = field(init=False, repr=False)
     _by_rows: np.ndarray | None = field(default=None, init=False, repr=False)
+    _by_rows_list: list[float] = field(default_factory=list, init=False, repr=False)  # _by_rows, Python floats
     _lone: dict[int, deque[float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -127,11 +128,25 @@ class ForwardCost:
         """time() of each element of `rows`."""
         return self.scale * self._shaped(rows)
 
-    def _shaped(self, rows: np.ndarray) -> np.ndarray:
+    def consecutive(self, first: int, count: int) -> list[float]:
+        """time() of first, first + 1, ... rows (count of them), as Python floats: a plan asks for
+        them every round, and numpy's calls took ~30 us of it after a forward."""
+        table = self._table()[1]
+        if first >= 0 and first + count <= len(table):
+            return [self.scale * t for t in table[first : first + count]]
+        return self.times(np.arange(first, first + count)).tolist()
+
+    def _table(self) -> tuple[np.ndarray, list[float]]:
+        """_by_rows, made again where the shape changed, and as Python floats."""
         if self._by_rows is None:
             whole = np.arange(len(self._calibrated_by_rows))
             self._by_rows = np.maximum.accumulate(self._calibrated_by_rows * self._factors(whole))
-        return self._looked_up(self._by_rows, rows, lambda r: self._interpolated(r) * self._factors(r))
+            self._by_rows_list = self._by_rows.tolist()
+        return self._by_rows, self._by_rows_list
+
+    def _shaped(self, rows: np.ndarray) -> np.ndarray:
+        by_rows = self._table()[0]
+        return self._looked_up(by_rows, rows, lambda r: self._interpolated(r) * self._factors(r))
 
     def _calibrated(self, rows: np.ndarray) -> np.ndarray:
         return self._looked_up(self._calibrated_by_rows, rows, self._interpolated)
@@ -379,7 +394,7 @@ class Controller:
         tokens.sort(key=lambda token: -token[0])
         # the round's expected tokens and seconds with the first n of them, n = 0 .. len(tokens)
         gained = list(accumulate((token[0] for token in tokens), initial=float(len(states))))
-        forwards = self._forwards_s(len(states) + np.arange(len(tokens) + 2)).tolist()
+        forwards = self._forwards_s(len(states), len(tokens) + 2)
         seconds = [f + self.overhead_s for f in forwards[:-1]]
         self._add_draft_steps(seconds, tokens, states)
         best = max(range(len(seconds)), key=lambda n: gained[n] / seconds[n])  # (the first best)
@@ -402,9 +417,9 @@ class Controller:
             if batch:
                 seconds[n] += steps * step_s[batch - 1]
 
-    def _forwards_s(self, rows: np.ndarray) -> np.ndarray:
+    def _forwards_s(self, first: int, count: int) -> list[float]:
         """Seconds of the target forwards a round of the requests in flight takes, by the rows of
-        all of them (the whole-number rows of the plan). In step (Lockstep) one forward carries
+        all of them: first, first + 1, ... rows (count of them). In step (Lockstep) one forward carries
         them all. Under load they are out of step, and a forward carries those that are ready
         (at 32 users and 16 in flight on the EPYC, ~12): a round is then 16 / 12 forwards of that
         share of the rows. Priced as one forward of all rows, drafts sat past the matmul's block
@@ -415,8 +430,8 @@ class Controller:
         draft tokens, 19% more accepted, 1.01x against 0.95x; HISTORY.md, item 46)."""
         share = self._share()
         if share >= 1.0:
-            return self.target.times(rows)
-        return self.target.times(share * rows) / share
+            return self.target.consecutive(first, count)
+        return (self.target.times(share * np.arange(first, first + count)) / share).tolist()
 
     def _share(self) -> float:
         """The part of the requests in flight that one target forward carries, lately."""
@@ -454,7 +469,7 @@ class Controller:
         if self.target is None or not self.requests:
             return
         rows = sum(s.k + 1 for s in self.requests.values())
-        excess = max(seconds - float(self._forwards_s(np.array([rows]))[0]), 0.0)
+        excess = max(seconds - self._forwards_s(rows, 1)[0], 0.0)
         self.overhead_s += self.options.ema_alpha / len(self.requests) * (excess - self.overhead_s)
 
     def mean_k(self, proposer: str) -> float:

@@ -52,34 +52,57 @@ class NgramProposer:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def matches(self, tokens: np.ndarray) -> tuple[np.ndarray, int]:
+    def matches(self, tokens: Sequence[int], ends: Sequence[int] | None = None) -> tuple[list[int], int]:
         """Where the tokens after each earlier occurrence of the longest matching suffix start,
-        oldest first, and the suffix's length; (empty, 0) when no suffix of min_n..max_n tokens
-        occurred earlier."""
-        tokens = np.asarray(tokens)
-        return suffix_matches(tokens[:-1], tokens, self.min_n, self.max_n)
+        oldest first, and the suffix's length; ([], 0) when no suffix of min_n..max_n tokens
+        occurred earlier. `ends`: where the last token occurs before it, in order, where the
+        caller keeps them (PromptLookup), else found by a scan.
 
-    def lookup(self, tokens: np.ndarray, resume: int | None = None, ranked: Sequence[int] = ()) -> Lookup:
+        In Python, not numpy: a sequence's suffix has a few occurrences, and after a forward has
+        emptied the caches each of the ~10 numpy calls of suffix_matches() took ~5 us."""
+        tokens = list(tokens)
+        if not tokens:
+            return [], 0
+        length, last = len(tokens), tokens[-1]
+        if ends is None:
+            ends = [p for p in range(length - 1) if tokens[p] == last]
+        n = 1 if ends else 0
+        while ends and n < min(self.max_n, length):
+            before = tokens[length - 1 - n]
+            longer = [p for p in ends if p >= n and tokens[p - n] == before]
+            if not longer:
+                break
+            ends, n = longer, n + 1
+        if n < self.min_n:
+            return [], 0
+        return [p + 1 for p in ends], n
+
+    def lookup(
+        self, tokens: Sequence[int], resume: int | None = None, ranked: Sequence[int] = (),
+        ends: Sequence[int] | None = None,
+    ) -> Lookup:  # fmt: skip
         """The match a draft comes from: of the longest suffix's occurrences, those whose next
         token comes first in `ranked` (the engine's plausible next tokens, best first; a token not
         in it last), and of those the first whose continuation starts at or after `resume` (where
-        the previous accepted copy left off: a copy goes on from there), else the most recent."""
-        starts, n = self.matches(tokens)
+        the previous accepted copy left off: a copy goes on from there), else the most recent.
+        `ends`: as matches() takes them."""
+        starts, n = self.matches(tokens, ends)
         if not n:
             return NO_MATCH
-        if len(ranked) and len(starts) > 1:
-            following = tokens[starts]
-            rank = np.full(len(starts), len(ranked))
-            for i in reversed(range(len(ranked))):  # the best rank written last
-                rank[following == ranked[i]] = i
-            starts = starts[rank == rank.min()]
-        if resume is not None and (later := starts[starts >= resume]).size:
-            return Lookup(int(later[0]), n)
-        return Lookup(int(starts[-1]), n)
+        if ranked and len(starts) > 1:
+            rank = {}
+            for i, token in enumerate(ranked):
+                rank.setdefault(token, i)
+            ranks = [rank.get(tokens[s], len(ranked)) for s in starts]
+            best = min(ranks)
+            starts = [s for s, r in zip(starts, ranks, strict=True) if r == best]
+        if resume is not None and (later := [s for s in starts if s >= resume]):
+            return Lookup(later[0], n)
+        return Lookup(starts[-1], n)
 
     def propose(self, tokens: np.ndarray, k: int) -> np.ndarray:
         tokens = np.asarray(tokens)
-        found = self.lookup(tokens) if k > 0 else NO_MATCH
+        found = self.lookup(tokens.tolist()) if k > 0 else NO_MATCH
         return tokens[found.start : found.start + k] if found.length else tokens[:0]
 
 
@@ -309,6 +332,17 @@ class PromptLookup:
         self._resume: int | None = None  # where the last accepted draft's copy left off
         # (sequence length, the engine's guesses at its next token: its guess, then the other plausible ones)
         self._guesses: tuple[int, list[int]] | None = None
+        # each token's positions in the sequence, before `_indexed` (a request's sequence only grows)
+        self._positions: dict[int, list[int]] = {}
+        self._indexed = 0
+
+    def _ends(self, tokens: list[int], token: int) -> list[int]:
+        """Where `token` occurs in the sequence before its last token (NgramProposer.matches()'s
+        ends), from the positions kept."""
+        for p in range(self._indexed, len(tokens) - 1):
+            self._positions.setdefault(tokens[p], []).append(p)
+        self._indexed = max(self._indexed, len(tokens) - 1)
+        return self._positions.get(token, [])
 
     def heard(self, length: int, guesses: list[int]) -> None:
         """The engine's guess at the token after the first `length` of the sequence, then the other
@@ -329,14 +363,14 @@ class PromptLookup:
                     found = Lookup(span[0], 0, opening_end=span[1])
             elif len(tokens) > self.prompt_length:
                 guesses = self._guesses[1] if self._guesses and self._guesses[0] == len(tokens) else []
-                sequence = np.asarray(tokens)
-                found = self.ngram.lookup(sequence, self._resume, guesses)
+                found = self.ngram.lookup(tokens, self._resume, guesses, self._ends(tokens, tokens[-1]))
                 if found.length < GUESS_BELOW:  # a phrase of the model's, else the guess, may lead
-                    if self.phrases is not None and self.phrase_wanted() and (phrase := self.phrases.draft(sequence)):
+                    if self.phrases is not None and self.phrase_wanted() and (phrase := self.phrases.draft(tokens)):
                         found = Lookup(0, 0, phrase=tuple(phrase))
                     elif guesses and not (found.length and tokens[found.start] in guesses):
                         guess = guesses[0]
-                        after = self.ngram.lookup(np.asarray([*tokens, guess]), self._resume)
+                        ends = self._ends(tokens, guess) + ([len(tokens) - 1] if tokens[-1] == guess else [])
+                        after = self.ngram.lookup([*tokens, guess], self._resume, ends=ends)
                         found = Lookup(after.start if after.length else len(tokens) + 1, after.length, guess)
             self._found = (len(tokens), found)
         return self._found[1]
