@@ -231,6 +231,27 @@ def test_bf16_products_rows_are_bitwise_independent_of_the_batch(n, k, bf16_ops)
     torch.testing.assert_close(alone.double(), bf16, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("n", "k"), [(49152, 576), (1000, 64), (33, 40)])  # SmolLM2's lm_head; padded
+@pytest.mark.parametrize("ops", [CpuOps, TorchOps, *BF16_OPS_PARAMS])
+def test_linear_argmax_is_the_first_maximum_of_each_row_of_linear(n, k, ops):
+    """linear_argmax (on AMX tiles without the product written out) is np.argmax of linear():
+    ties go to the first column, across the kernel's tiles and spans of groups too, and a NaN
+    counts as the maximum."""
+    ops = ops()
+    g = torch.Generator().manual_seed(1)
+    matrix = torch.randn(n, k, generator=g) / k**0.5
+    matrix[n - 1] = matrix[n // 2] = matrix[3]  # equal rows: equal logits in columns 3, n/2 and n - 1
+    w = ops.weight(matrix)
+    x = torch.randn(40, k, generator=g)
+    x[2] = 0.0  # every logit 0: the first column
+    x[7] = float("nan")  # every logit NaN: the first column
+    for m in (1, 5, 16, 17, 33, 40):
+        expected = ops.linear(x[:m], w).float().numpy().argmax(axis=1).tolist()
+        assert ops.linear_argmax(x[:m], w) == expected, m
+    favoured = torch.cat([x[:4], (matrix[3] * 10)[None]])  # its largest logit, three times: the first
+    assert ops.linear_argmax(favoured, w)[-1] == 3
+
+
 def _bf16(a: np.ndarray) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).bfloat16().double().numpy()
 

@@ -524,7 +524,7 @@ def test_calibrated_rows_follow_a_context_as_a_verifications_do(tiny_target, mon
     first_positions = []
     timed = engine._timed_forward
     monkeypatch.setattr(
-        engine, "_timed_forward", lambda *args: (first_positions.append(int(args[1][0])), timed(*args))[1]
+        engine, "_timed_forward", lambda *args, **kw: (first_positions.append(int(args[1][0])), timed(*args, **kw))[1]
     )
     table = engine.calibrate(rows=(1, 9), repeats=2)
     assert table["rows"] == [1, 9]

@@ -78,6 +78,9 @@ class _Seq:
     guesses: list[int] = field(default_factory=list)
 
 
+Scores = torch.Tensor | list[int]  # a forward's logits (R, V), or where only they are wanted each row's argmax
+
+
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's first maximum (a NaN counting as one), as torch's argmax; on CPU through
     numpy, whose argmax took 4 us a row of 49152 logits where single-threaded torch took 63."""
@@ -200,8 +203,8 @@ class Engine:
                     # 16.5 ms at 1 row against 9-11), and the table is made non-decreasing
                     # (ForwardCost): every count up to 17 rows had priced as the slow one
                     self._timed_forward(*inputs[0])
-                    for i, args in enumerate(inputs):
-                        seconds[i] = min(seconds[i], self._timed_forward(*args)[2])
+                    for i, args in enumerate(inputs):  # (greedy: as most served rounds run)
+                        seconds[i] = min(seconds[i], self._timed_forward(*args, greedy=True)[2])
         finally:
             self.slots.release(key)
         return {"rows": list(rows), "seconds": seconds}
@@ -286,17 +289,21 @@ class Engine:
         except SamplingError as err:
             raise RequestError(str(err)) from None
 
-    def _forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def _forward(self, *args: torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, Scores, float]:
         """The model's forward under the lock shared with the server's other engine: its final
-        hidden states, logits and seconds (not counting the wait for the lock)."""
+        hidden states, logits (greedy: each row's argmax) and seconds (not counting the wait for
+        the lock)."""
         with self.forward_lock:
-            return self._timed_forward(*args)
+            return self._timed_forward(*args, greedy=greedy)
 
-    def _timed_forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def _timed_forward(self, *args: torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, Scores, float]:
+        """greedy: no row's logits are wanted but for their argmax, which the model then takes
+        without writing them out (Llama.greedy_tokens: for a verification of 16 rows numpy's
+        argmax read 3 MB of logits back from memory, 0.47 ms)."""
         start = time.perf_counter()
         hidden = self.model.hidden(self.cache, *args)
-        logits = self.model.logits(hidden)
-        return hidden, logits, time.perf_counter() - start
+        out = self.model.greedy_tokens(hidden) if greedy else self.model.logits(hidden)
+        return hidden, out, time.perf_counter() - start
 
     def _step(self, seqs: list[_Seq], with_drafts: bool) -> None:
         """One forward over every pending sequence, then accept / sample its new tokens."""
@@ -319,25 +326,33 @@ class Engine:
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
-        hidden, logits, seconds = self._forward(
-            tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows)
+        greedy = [i for i, s in enumerate(seqs) if s.req.sampling.greedy]
+        only_greedy = len(greedy) == len(seqs) and not any(s.req.return_logits for s in seqs)
+        hidden, out, seconds = self._forward(
+            tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows), greedy=only_greedy
         )
         self.recent_forwards.append((len(tokens), seconds, self.slots.in_use == 1, len(seqs)))
         starts = np.cumsum([0] + [len(d) + 1 for d in drafts])[:-1]  # each sequence's first logit row
-        greedy = [i for i, s in enumerate(seqs) if s.req.sampling.greedy]
-        verified = self._verify_greedy(logits, starts[greedy], [drafts[i] for i in greedy])
+        logits: torch.Tensor | None = None  # (rows, V), where a row is sampled or its logits kept
+        if only_greedy:
+            best = out  # each row's argmax
+        else:
+            logits = out
+            best = _argmax(logits).tolist() if greedy else []
+        verified = [verify.greedy_verify(best[starts[i] : starts[i] + len(drafts[i]) + 1], drafts[i]) for i in greedy]
         verdicts = dict(zip(greedy, verified, strict=True))
         # sampled sequences whose drafts (if any) are deterministic: coupled to plain sampling
         coupled = [
             i for i, s in enumerate(seqs) if not s.req.sampling.greedy and (s.req.draft_logits is None or not drafts[i])
         ]
-        coupled_verdicts = self._verify_coupled(
-            [seqs[i] for i in coupled], logits, starts[coupled], [drafts[i] for i in coupled]
-        )
-        verdicts.update(zip(coupled, coupled_verdicts, strict=True))
+        if coupled:
+            assert logits is not None
+            verdicts.update(zip(coupled, self._verify_coupled(
+                [seqs[i] for i in coupled], logits, starts[coupled], [drafts[i] for i in coupled]
+            ), strict=True))  # fmt: skip
         wanting: list[tuple[_Seq, int]] = []  # sequences that want a guess, the row of their last token
         for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)):
-            rows = logits[starts[i] : starts[i] + len(d) + 1]
+            rows = None if logits is None else logits[starts[i] : starts[i] + len(d) + 1]
             emitted, accepted = verdicts[i] if i in verdicts else self._rejection_sample(s, rows, d)
             s.num_accepted += accepted
             s.cached = len(s.tokens) + accepted  # rejected drafts' cache is stale
@@ -351,18 +366,6 @@ class Engine:
             guesses = self.guess_head.guesses(hidden[rows], last, [s.tokens for s, _ in wanting])
             for (s, _), g in zip(wanting, guesses, strict=True):
                 s.guesses = g
-
-    def _verify_greedy(
-        self, logits: torch.Tensor, starts: np.ndarray, drafts: list[list[int]]
-    ) -> list[tuple[list[int], int]]:
-        """(emitted tokens, accepted drafts) of each greedy sequence, from one argmax over all
-        the rows."""
-        if not drafts:
-            return []
-        best = _argmax(logits).tolist()
-        return [
-            verify.greedy_verify(best[start : start + len(d) + 1], d) for start, d in zip(starts, drafts, strict=True)
-        ]
 
     def _verify_coupled(
         self, seqs: list[_Seq], logits: torch.Tensor, starts: np.ndarray, drafts: list[list[int]]
@@ -408,9 +411,9 @@ class Engine:
         )
         return verdict.emitted(0), int(verdict.num_accepted[0])
 
-    def _emit(self, s: _Seq, emitted: list[int], rows: torch.Tensor) -> int:
+    def _emit(self, s: _Seq, emitted: list[int], rows: torch.Tensor | None) -> int:
         """Append tokens until the end id or the requested count; later ones are dropped. How
-        many it kept."""
+        many it kept. rows: the logits they were chosen from (None: not kept, no row asks)."""
         kept = 0
         for tok in emitted:
             s.tokens.append(tok)

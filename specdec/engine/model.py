@@ -200,6 +200,11 @@ class Llama:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (R, V) float32
         return self.ops.linear(hidden, self.lm_head).float()
 
+    @torch.inference_mode()
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
+        """Each row's argmax of logits(hidden), where the ops need not write the logits out."""
+        return self.ops.linear_argmax(hidden, self.lm_head)
+
     def embedding(self, tokens: torch.Tensor) -> torch.Tensor:  # (N, D) float32: the tokens' rows
         return self.ops.embedding(self.embed, tokens).float()
 

@@ -83,6 +83,10 @@ class CpuOps:
         kernels.matmul(x.numpy(), w.tiles.numpy(), out.numpy(), False)
         return out
 
+    def linear_argmax(self, x: torch.Tensor, w: Weight) -> list[int]:
+        """Each row's first maximum of linear(x, w) (a NaN counting as one): the greedy tokens."""
+        return self.linear(x, w).numpy().argmax(axis=-1).tolist()
+
     def decoder_layers(self, x: torch.Tensor, layers: Layers, cache: KVCache, positions: torch.Tensor,
                        slots: torch.Tensor, cfg: LlamaConfig) -> None:  # fmt: skip
         """TorchOps.decoder_layers in one compiled call (layers_kernel): from Python, each of a
@@ -132,6 +136,9 @@ class TorchOps:
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.linear(x, w)
+
+    def linear_argmax(self, x: torch.Tensor, w: torch.Tensor) -> list[int]:
+        return F.linear(x, w).float().argmax(dim=-1).tolist()
 
     def rope_store(self, qkv, cos, sin, positions, slots, n_heads, n_kv, head_dim, k_cache, v_cache):
         m = qkv.shape[0]
@@ -189,6 +196,12 @@ class CpuBf16Ops(CpuOps):
         out = torch.empty(-(-len(x) // amx.ROWS) * amx.ROWS, w.tiles.shape[0] * amx.GROUP * 16)
         amx.matmul(x.numpy(), w.tiles.numpy(), out.numpy())
         return out[: len(x), : w.rows].contiguous()  # a copy only where N is no multiple of 32
+
+    def linear_argmax(self, x: torch.Tensor, w: PackedWeight) -> list[int]:
+        """Without the product written out (amx.matmul_argmax)."""
+        best = np.empty(len(x), dtype=np.int64)
+        amx.matmul_argmax(x.numpy(), w.tiles.numpy(), w.rows, best)
+        return best.tolist()
 
     def embedding_table(self, embed: torch.Tensor, tied_lm_head: Weight | None) -> torch.Tensor:
         return embed.to(torch.bfloat16)  # amx.pack_weight's layout has no rows to look up
