@@ -156,16 +156,18 @@ class Engine:
     def warmup(self) -> None:
         """Run tiny generations so kernels are compiled (or loaded from numba's cache) before
         the first real request, not during it: greedy, and sampled with a deterministic and a
-        stochastic draft (sampling's kernels)."""
+        stochastic draft (sampling's kernels); then greedy alone (the argmax without logits)."""
         prompt, draft = np.array([0, 1], dtype=np.int64), np.array([1])
         sampled = SamplingParams(temperature=1.0, top_k=8, top_p=0.9)
+        greedy = GenerationRequest(prompt, 2, draft, return_guess=self.guess_head is not None)
         self.generate(
             [
-                GenerationRequest(prompt, 2, draft, return_guess=self.guess_head is not None),
+                greedy,
                 GenerationRequest(prompt, 2, draft, sampling=sampled),
                 GenerationRequest(prompt, 2, draft, np.zeros((1, self.vocab_size), np.float32), sampled),
             ]
         )
+        self.generate([greedy])
         self.recent_forwards.clear()  # compilation time is no forward's cost
 
     def calibrate(self, rows: tuple[int, ...] = CALIBRATION_ROWS, repeats: int = 5) -> dict[str, list]:
