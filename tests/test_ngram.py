@@ -184,6 +184,19 @@ def test_the_opening_of_a_chat_prompt_from_the_real_tokenizer(tokenizer):
     assert opening.span(tokenizer.prompt_ids(f"Fix this:\n\n{passage}", apply_chat_template=False)) is None
 
 
+def test_prompt_lookup_over_the_positions_it_keeps_finds_what_a_scan_finds():
+    """PromptLookup keeps each token's positions as the sequence grows and hands them to
+    NgramProposer.lookup; a lookup that scans the whole sequence each time finds the same."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        ngram = NgramProposer(1, int(rng.integers(1, 5)))
+        tokens = rng.integers(0, 6, int(rng.integers(1, 12))).tolist()
+        lookup = PromptLookup(ngram, prompt_length=len(tokens))
+        for _ in range(int(rng.integers(1, 8))):
+            tokens += rng.integers(0, 6, int(rng.integers(1, 4))).tolist()
+            assert lookup.find(tokens) == ngram.lookup(tokens), tokens
+
+
 def test_prompt_lookup_goes_on_with_the_copy_it_was_making():
     """The target accepted a draft copied from prompt[1:], then wrote a token of its own; when
     the next suffix (a 5) also occurs later, the copy goes on from where it left off."""
