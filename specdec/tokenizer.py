@@ -56,11 +56,12 @@ class TextTokenizer:
 
     def user_turn(self) -> tuple[str, str] | None:
         """The chat template's text before and after a lone user turn's text (chat_prompt() is
-        before + text + after); None without a template."""
+        before + text + after); None without a template, or one that does not write the text
+        once as it is."""
         if self._template is None:
             return None
-        before, after = self.chat_prompt(USER_TEXT_MARK).split(USER_TEXT_MARK)
-        return before, after
+        parts = self.chat_prompt(USER_TEXT_MARK).split(USER_TEXT_MARK)
+        return (parts[0], parts[1]) if len(parts) == 2 else None
 
     def token_texts(self) -> list[str]:
         """Each token id's text alone ("" for special tokens)."""

@@ -18,6 +18,7 @@ from specdec.proposers import (
     phrase_tokens,
     suffix_matches,
 )
+from specdec.tokenizer import TextTokenizer
 
 
 def test_proposes_what_followed_the_longest_earlier_match():
@@ -195,6 +196,14 @@ def test_prompt_lookup_over_the_positions_it_keeps_finds_what_a_scan_finds():
         for _ in range(int(rng.integers(1, 8))):
             tokens += rng.integers(0, 6, int(rng.integers(1, 4))).tolist()
             assert lookup.find(tokens) == ngram.lookup(tokens), tokens
+
+
+@pytest.mark.parametrize("template", ["{{ messages[0].content }} {{ messages[0].content }}", "Hello.", None])
+def test_no_opening_where_the_template_does_not_write_the_users_text_once_as_it_is(smollm_dir, template):
+    tokenizer = TextTokenizer(smollm_dir)
+    tokenizer.config = {**tokenizer.config, "chat_template": template}
+    assert tokenizer.user_turn() is None
+    assert Opening.from_tokenizer(tokenizer) is None
 
 
 def test_prompt_lookup_goes_on_with_the_copy_it_was_making():
