@@ -264,7 +264,8 @@ class Opening:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: TextTokenizer) -> Opening | None:
-        """None where the tokenizer has no chat template: a prompt is then the text itself."""
+        """None where the tokenizer has no chat template (a prompt is then the text itself) or one
+        that does not write the user's text once as it is (TextTokenizer.user_turn)."""
         turn = tokenizer.user_turn()
         if turn is None:
             return None
