@@ -121,7 +121,7 @@ def suffix_matches(
     where the caller has them (then where the last `matched` tokens occur), else found by a scan
     of the corpus."""
     length = len(tokens)
-    if length < matched or length == 0:
+    if length < matched:
         return np.zeros(0, dtype=np.int64), 0
     if occurrences is None:
         occurrences, matched = np.flatnonzero(corpus == tokens[-1]), 1

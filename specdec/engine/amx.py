@@ -478,10 +478,10 @@ def matmul_argmax(x, w, n_out, best):  # pragma: no cover - compiled
                     if at[s, m] < 0 or _beats(v, top[s, m]):
                         top[s, m], at[s, m] = v, first + j
         _release()
-    for m in range(m_rows):  # the spans in order: a tie goes to the first
+    for m in range(m_rows):  # the spans in order (each found a column: it has a group): a tie goes to the first
         b = 0
         for s in range(1, spans):
-            if at[s, m] >= 0 and (at[b, m] < 0 or _beats(top[s, m], top[b, m])):
+            if _beats(top[s, m], top[b, m]):
                 b = s
         best[m] = at[b, m]
 
@@ -494,8 +494,8 @@ def _beats(v, top):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def _first_max(row, n):  # pragma: no cover - compiled
-    """np.argmax(row[:n]) for n >= 1: the maximum over the floats' bits as integers (kernels.row_max)
-    and whether there is a NaN, in one vectorized pass; then where it first is."""
+    """np.argmax(row[:n]) for n >= 1: the first NaN if there is one, else where the maximum (over the
+    floats' bits as integers: kernels.row_max) first is."""
     nan = False
     for j in range(n):
         nan |= row[j] != row[j]
