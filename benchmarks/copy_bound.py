@@ -105,7 +105,12 @@ def engine_guesses(engine: Engine, prompt: np.ndarray, output: np.ndarray) -> li
     seq = np.concatenate([prompt, output])
     rows = np.arange(len(prompt) - 1, len(seq) - 1)  # row t produced token t + 1
     hidden = prefill_hidden(engine, seq, rows)
-    made = engine.guess_head.guesses(hidden, torch.from_numpy(seq[rows + 1]), [seq[: t + 2] for t in rows])
+    made = [  # one row at a time, as the rounds ask: the head keeps a sequence's own tokens as it grows
+        engine.guess_head.guesses(
+            hidden[i : i + 1], torch.from_numpy(seq[t + 1 : t + 2]), [0], [seq[: t + 2].tolist()]
+        )[0]
+        for i, t in enumerate(rows)
+    ]
     guesses: list[list[int]] = [[] for _ in range(len(seq) + 1)]
     for t, g in zip(rows + 2, made, strict=True):
         guesses[t] = g

@@ -58,7 +58,7 @@ def guess_seconds(engine: Engine, sample: Sample, repeats: int = 20) -> float:
     for _ in range(repeats):
         hidden = model.hidden(cache, last, torch.tensor([len(prompt)]), slots[:1], torch.tensor([0]))
         start = time.perf_counter()
-        head.guesses(hidden, last, [context])
+        head.guesses(hidden, last, [0], [context])
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numba import njit
 from numpy.lib.stride_tricks import sliding_window_view
 from safetensors.numpy import load_file
 
@@ -106,38 +107,7 @@ class NgramProposer:
         return tokens[found.start : found.start + k] if found.length else tokens[:0]
 
 
-def suffix_matches(
-    corpus: np.ndarray,
-    tokens: np.ndarray,
-    min_n: int,
-    max_n: int,
-    occurrences: np.ndarray | None = None,
-    matched: int = 1,
-) -> tuple[np.ndarray, int]:
-    """Where the tokens after each occurrence in `corpus` of the longest suffix of `tokens`
-    (min_n..max_n tokens) start, in corpus order, and its length; (empty, 0) when none occurs.
-    Grows the match a token at a time from the occurrences of the last token (a search per suffix
-    length took ~0.17 ms a round at 400 tokens): `occurrences`, those positions in corpus order,
-    where the caller has them (then where the last `matched` tokens occur), else found by a scan
-    of the corpus."""
-    length = len(tokens)
-    if length < matched:
-        return np.zeros(0, dtype=np.int64), 0
-    if occurrences is None:
-        occurrences, matched = np.flatnonzero(corpus == tokens[-1]), 1
-    ends = occurrences  # where matches of the last n tokens end
-    n = matched if len(ends) else 0
-    while len(ends) and n < min(max_n, length):
-        room = ends[ends >= n]  # with a token before the match
-        longer = room[corpus[room - n] == tokens[length - 1 - n]]
-        if not len(longer):
-            break
-        ends, n = longer, n + 1
-    if n < min_n:
-        return np.zeros(0, dtype=np.int64), 0
-    return ends + 1, n
-
-
+SEPARATOR = -1  # PhraseIndex.SEPARATOR: ends each answer of its corpus
 KEY_TOKENS, KEY_BITS = 3, 21  # a run key's tokens and bits per token id (vocabularies up to 2M tokens)
 
 
@@ -166,7 +136,7 @@ class PhraseIndex:
     `tokens`: the outputs, each led by its prompt's last tokens (the chat template's assistant
     header: a match at an answer's start) and ended by SEPARATOR, which no draft crosses."""
 
-    SEPARATOR = -1
+    SEPARATOR = SEPARATOR
 
     # Replayed over the held-out grounded outputs (HISTORY item 36), priced: from 2 matched tokens
     # 2.107x, from 3 2.172x, from 4 2.188x (fresh prompts: 3 a little better); min_share 0, 0.3,
@@ -186,14 +156,8 @@ class PhraseIndex:
         self._keys = keys[self._order - (self.lead - 1)]
         # the corpus with max_draft separators after it: every continuation has max_draft tokens
         self._padded = np.concatenate([self.tokens, np.full(max_draft, self.SEPARATOR, dtype=np.int32)])
-        self._steps = np.arange(max_draft)
-
-    def _occurrences(self, tokens: Sequence[int]) -> np.ndarray:
-        """Where runs of `tokens` (lead tokens) end in the corpus, in corpus order."""
-        key = 0
-        for token in tokens:  # run_keys() of one run, without numpy's calls
-            key = (key << KEY_BITS) | (int(token) + 1)
-        return self._order[self._keys.searchsorted(key) : self._keys.searchsorted(key + 1)]
+        self._draft = np.empty(max_draft, dtype=np.int32)
+        self.draft([0] * self.lead)  # phrase_draft compiled (or loaded from numba's cache) now, not in a round
 
     @classmethod
     def load(cls, path: str | Path) -> PhraseIndex:
@@ -204,37 +168,53 @@ class PhraseIndex:
 
     def draft(self, tokens: Sequence[int]) -> list[int]:
         """The continuation the phrase index proposes after `tokens` (at most max_draft tokens;
-        [] where no suffix of min_n tokens occurs)."""
+        [] where no suffix of min_n tokens occurs). Compiled (phrase_draft): right after a forward
+        has emptied the caches, its ~10 numpy calls took ~0.2 ms a round in Python."""
         if len(tokens) < self.lead:
             return []
-        occurrences = self._occurrences(tokens[-self.lead :])
-        if not len(occurrences):  # (most searches: numpy's calls cost ~10 us each after a forward)
-            return []
-        tokens = np.asarray(tokens[-self.max_n :])
-        starts, _ = suffix_matches(self.tokens, tokens, self.min_n, self.max_n, occurrences, self.lead)
-        # each occurrence's continuation, a row; taken a run of columns at a time: where every
-        # row agrees, no count (most columns: a token at a time, ~6 numpy calls a token took
-        # ~0.25 ms a draft after a forward)
-        rows = self._padded[starts[:, None] + self._steps]
-        out: list[int] = []
-        j = 0
-        while j < self.max_draft and len(rows):
-            agree = (rows[:, j:] == rows[0, j:]).all(axis=0)
-            run = rows[0, j : j + (len(agree) if agree.all() else int(agree.argmin()))].tolist()
-            if self.SEPARATOR in run:  # an answer's end: no draft crosses it
-                return out + run[: run.index(self.SEPARATOR)]
-            out += run
-            j += len(run)
-            if j == self.max_draft:
-                break
-            ids, counts = np.unique(rows[:, j], return_counts=True)
-            best, count = int(ids[counts.argmax()]), int(counts.max())
-            if best == self.SEPARATOR or count < self.min_share * len(rows):
-                break
-            out.append(best)
-            rows = rows[rows[:, j] == best]
-            j += 1
-        return out
+        key = 0
+        for token in tokens[-self.lead :]:  # run_keys() of one run
+            key = (key << KEY_BITS) | (int(token) + 1)
+        tail = np.array(tokens[-self.max_n :], dtype=np.int32)
+        count = phrase_draft(self._padded, self._order, self._keys, key, tail, self.lead, self.min_n,
+                             self.min_share, self._draft)  # fmt: skip
+        return self._draft[:count].tolist()
+
+
+@njit(cache=True)
+def phrase_draft(padded, order, keys, key, tail, lead, min_n, min_share, out):  # pragma: no cover - compiled
+    """PhraseIndex.draft() into out (its max_draft tokens at most), returning how many: of the runs
+    of lead tokens keyed `key` (where they end: order's span of sorted keys), those whose match
+    with the tail grows longest (up to len(tail) tokens; min_n at least), then a token at a time
+    the one most of those left share (the lower id in a tie), while at least min_share of them
+    agree and it is not the separator (the corpus padded with max_draft of them)."""
+    first, last = np.searchsorted(keys, key), np.searchsorted(keys, key + 1)
+    length = len(tail)
+    matched = np.empty(last - first, dtype=np.int64)  # each occurrence's suffix length
+    longest = 0
+    for i in range(first, last):
+        end, n = order[i], lead
+        while n < length and end - n >= 0 and padded[end - n] == tail[length - 1 - n]:
+            n += 1
+        matched[i - first] = n
+        longest = max(longest, n)
+    if longest < min_n:
+        return 0
+    starts = np.array([order[i] + 1 for i in range(first, last) if matched[i - first] == longest])
+    count = 0
+    while count < len(out) and len(starts):
+        following = np.sort(padded[starts + count])
+        best, most, run = following[0], 0, 0
+        for j in range(len(following)):  # the longest run of one token; the first (lowest) of a tie
+            run = run + 1 if j > 0 and following[j] == following[j - 1] else 1
+            if run > most:
+                best, most = following[j], run
+        if best == SEPARATOR or most < min_share * len(starts):
+            break
+        out[count] = best
+        starts = starts[padded[starts + count] == best]
+        count += 1
+    return count
 
 
 def phrase_tokens(pairs: Sequence[tuple[np.ndarray, np.ndarray]], lead: int = 6) -> np.ndarray:

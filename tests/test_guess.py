@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from specdec.build.guess_head import TrainOptions, code_functions, examples, fit
 from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.engine.engine import Engine, GenerationRequest, RequestError
-from specdec.engine.guess import MAX_GUESSES
+from specdec.engine.guess import MAX_GUESSES, OwnTokens
 from specdec.engine.ops import BF16_OPS
 
 
@@ -72,7 +72,7 @@ def test_the_compiled_head_guesses_what_the_head_through_the_ops_guesses(tiny_ta
     through the ops, on random states: the frequent candidates and the contexts' own tokens
     both win some of them, and some have plausible tokens besides the guess."""
     engine = Engine(
-        tiny_target, dtype="bfloat16", kv_slots=1, max_seq_len=64, guess_head=head_file[0], guess_margin=2.0
+        tiny_target, dtype="bfloat16", kv_slots=3, max_seq_len=64, guess_head=head_file[0], guess_margin=2.0
     )
     assert type(engine.model.ops) is bf16_ops
     head = engine.guess_head
@@ -84,13 +84,35 @@ def test_the_compiled_head_guesses_what_the_head_through_the_ops_guesses(tiny_ta
         hidden = torch.randn(batch, TINY["hidden_size"], generator=g) * 4
         tokens = torch.randint(0, TINY["vocab_size"], (batch,), generator=g)
         contexts = [torch.randint(0, TINY["vocab_size"], (n,), generator=g).tolist() for n in range(3, 3 + batch)]
-        guesses = head.guesses(hidden, tokens, contexts)
-        assert guesses == head._guesses(hidden, tokens, contexts)
+        slots = list(range(batch))
+        guesses = head.guesses(hidden, tokens, slots, contexts)
+        assert guesses == head._guesses(hidden, tokens, slots)
         for guess, *others in guesses:
             frequent += bool(head.is_candidate[guess])
             own += not head.is_candidate[guess]
             plausible += bool(others)
     assert frequent and own and plausible
+
+
+def test_own_tokens_are_each_slots_non_candidates_in_the_order_they_first_occur():
+    """As sequences grow a few tokens at a time, and as a slot passes to a sequence that does not
+    extend its last one: the ids and the rows kept are those of the definition."""
+    rng = np.random.default_rng(0)
+    vocab, width, slots = 50, 4, 2
+    is_candidate = rng.random(vocab) < 0.3
+    table = rng.integers(-(2**15), 2**15, (vocab, width), dtype=np.int16)
+    own = OwnTokens(slots, 64, is_candidate, table)
+    sequences: list[list[int]] = [[] for _ in range(slots)]
+    for _ in range(200):
+        slot = int(rng.integers(slots))
+        if rng.random() < 0.1 or len(sequences[slot]) > 50:  # another request's sequence
+            sequences[slot] = rng.integers(vocab, size=int(rng.integers(1, 20))).tolist()
+        else:
+            sequences[slot] = sequences[slot] + rng.integers(vocab, size=int(rng.integers(0, 4))).tolist()
+        ids = own.update(slot, sequences[slot])
+        expected = list(dict.fromkeys(t for t in sequences[slot] if not is_candidate[t]))
+        assert ids.tolist() == expected
+        np.testing.assert_array_equal(own.rows[slot, : len(ids)], table[ids])
 
 
 @needs_bf16

@@ -16,7 +16,6 @@ from specdec.proposers import (
     PhraseIndex,
     PromptLookup,
     phrase_tokens,
-    suffix_matches,
 )
 from specdec.tokenizer import TextTokenizer
 
@@ -68,18 +67,6 @@ def test_matches_agree_with_a_search_of_every_window_on_random_sequences():
         tokens = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(0, 30)))
         starts, n = NgramProposer(min_n, max_n).matches(tokens.tolist())
         assert (starts, n) == longest_suffix_by_definition(tokens[:-1], tokens, min_n, max_n)
-
-
-def test_suffix_matches_in_another_corpus_agree_with_a_search_of_every_window():
-    """The phrase index's search, in a corpus that ends with the separator as its files do."""
-    rng = np.random.default_rng(1)
-    for _ in range(2000):
-        min_n, max_n = int(rng.integers(1, 4)), int(rng.integers(4, 8))
-        vocab = int(rng.integers(2, 5))
-        corpus = np.append(rng.integers(0, vocab, int(rng.integers(0, 40))), PhraseIndex.SEPARATOR)
-        tokens = rng.integers(0, vocab, int(rng.integers(0, 12)))
-        starts, n = suffix_matches(corpus, tokens, min_n, max_n)
-        assert (starts.tolist(), n) == longest_suffix_by_definition(corpus, tokens, min_n, max_n)
 
 
 def test_no_match_proposes_nothing():
@@ -296,8 +283,8 @@ def phrase_by_definition(corpus, tokens, min_n, max_n, min_share, max_draft):
 
 
 def test_phrases_agree_with_their_definition_on_random_corpora():
-    """The index's shortcuts (the positions of each run of tokens kept, the columns where every
-    occurrence agrees not counted) draft what the definition drafts."""
+    """The index's compiled search from the positions of each run of tokens it keeps drafts what
+    the definition drafts."""
     rng = np.random.default_rng(2)
     for _ in range(2000):
         vocab, max_draft = int(rng.integers(2, 5)), int(rng.integers(1, 8))

@@ -147,7 +147,9 @@ class Engine:
         self.slots = SlotTable(kv_slots, share_prefixes=kv_cache_reuse)
         self.vocab_size = self.model.cfg.vocab_size
         self.device = self.model.device
-        self.guess_head = GuessHead(guess_head, self.model, guess_margin) if guess_head else None
+        self.guess_head = (
+            GuessHead(guess_head, self.model, kv_slots, self.max_seq_len, guess_margin) if guess_head else None
+        )
         self.max_batch_seen = 0  # largest number of requests served by one generate() call
         # (rows, seconds, alone: the only sequence served, sequences) of the latest forwards, for
         # whoever keeps the cost model current (ForwardCost.observe)
@@ -365,7 +367,8 @@ class Engine:
             assert self.guess_head is not None  # (_validate)
             last = tensor([s.tokens[-1] for s, _ in wanting])
             rows = [row for _, row in wanting]
-            guesses = self.guess_head.guesses(hidden[rows], last, [s.tokens for s, _ in wanting])
+            slots = [s.slot for s, _ in wanting]
+            guesses = self.guess_head.guesses(hidden[rows], last, slots, [s.tokens for s, _ in wanting])
             for (s, _), g in zip(wanting, guesses, strict=True):
                 s.guesses = g
 

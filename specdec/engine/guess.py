@@ -16,14 +16,15 @@ the match whose next token ranks best among them, and where it matches one token
 the lead if the copy's next token is among them (specdec/proposers.py).
 
 The candidates are the tokens the model writes most (the file's `candidates`: 1024) and the
-sequence's own tokens: scoring the whole vocabulary would read the 49152 x 576 table, a fifth of
-a step's memory traffic. On the bf16 CPU engines the head is one compiled call
+sequence's own tokens (OwnTokens): scoring the whole vocabulary would read the 49152 x 576 table,
+a fifth of a step's memory traffic. On the bf16 CPU engines the head is one compiled call
 (compiled_guesses): 0.2 against 0.8 ms a call through the ops from Python, right after a forward
 (2 cores, AMX).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,11 +46,65 @@ if TYPE_CHECKING:
 MAX_GUESSES = 16  # the guess and the plausible tokens after it, at most
 
 
+class OwnTokens:
+    """Each KV slot's sequence's own candidates: its tokens that are not frequent candidates, in
+    the order they first occur, and (for compiled_guesses) their embedding rows, kept as the
+    sequence grows, a round's few tokens at a time, in compiled code (add_own_tokens). Right
+    after a forward the caches hold nothing of this: gathering ~200 rows from the table took
+    ~0.4 ms, and each numpy call of a Python update 0.05-0.45 ms (2 cores, AMX). A slot's
+    sequence that does not extend the one seen there before (a new request) starts afresh."""
+
+    def __init__(self, slots: int, max_len: int, is_candidate: np.ndarray, table: np.ndarray | None):
+        """table: the (V, H) embedding whose rows to keep (bf16 bits, int16), or None: ids only."""
+        self.is_candidate = is_candidate
+        self.table = np.zeros((len(is_candidate), 0), dtype=np.int16) if table is None else table
+        self.ids = np.zeros((slots, max_len), dtype=np.int64)  # slot s's own tokens: ids[s, :counts[s]]
+        self.counts = np.zeros(slots, dtype=np.int64)
+        self.present = np.zeros((slots, len(is_candidate)), dtype=np.bool_)  # ids[s] as a set
+        # calloc's zeros: pages backed as rows are written
+        self.rows = kernels.line_aligned((slots, max_len, self.table.shape[1]), np.int16, zeros=True)
+        self._seen: list[list[int]] = [[] for _ in range(slots)]  # the tokens each slot's ids cover
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """add_own_tokens' arguments before the slot and its new tokens."""
+        return self.is_candidate, self.table, self.ids, self.rows, self.counts, self.present
+
+    def unseen(self, slot: int, tokens: Sequence[int]) -> list[int]:
+        """The tokens the slot has not seen: where `tokens` do not extend what it saw, all of them,
+        its own tokens forgotten."""
+        seen = self._seen[slot]
+        if len(seen) > len(tokens) or tokens[: len(seen)] != seen:
+            self.present[slot, self.ids[slot, : self.counts[slot]]] = False
+            self.counts[slot] = 0
+            seen.clear()
+        new = list(tokens[len(seen) :])
+        seen.extend(new)
+        return new
+
+    def update(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
+        """The slot's own tokens once it has seen `tokens` (a view, valid until the next update)."""
+        add_own_tokens(*self.arrays(), slot, np.asarray(self.unseen(slot, tokens), dtype=np.int64))
+        return self.ids[slot, : self.counts[slot]]
+
+
+@njit(cache=True)
+def add_own_tokens(is_candidate, table, ids, rows, counts, present, slot, new):  # pragma: no cover - compiled
+    """OwnTokens' arrays with the slot's new tokens `new` (int64) added."""
+    count = counts[slot]
+    for t in new:
+        if not is_candidate[t] and not present[slot, t]:
+            present[slot, t] = True
+            ids[slot, count] = t
+            rows[slot, count, :] = table[t]
+            count += 1
+    counts[slot] = count
+
+
 class GuessHead:
     """Its products go through the model's ops, or all of it through compiled_guesses where the
     ops have it (ops.guess_kernel: the bf16 CPU engines)."""
 
-    def __init__(self, path: str | Path, model: Llama, margin: float = GUESS_MARGIN):
+    def __init__(self, path: str | Path, model: Llama, slots: int, max_len: int, margin: float = GUESS_MARGIN):
         weights = load_file(str(path))
         size = model.cfg.hidden_size
         try:
@@ -70,38 +125,44 @@ class GuessHead:
         self.is_candidate = np.zeros(model.cfg.vocab_size, dtype=bool)
         self.is_candidate[candidates.numpy()] = True
         self.kernel = ops.guess_kernel
-        if self.kernel is not None:  # its arguments besides the rows and contexts, as it takes them
+        table = model.embed.view(torch.int16).numpy() if self.kernel is not None else None
+        self.own = OwnTokens(slots, max_len, self.is_candidate, table)
+        if self.kernel is not None:  # its arguments besides the rows and their sequences', as it takes them
             self.kernel_args = (
                 self.fc1.tiles.numpy(), self.b1.float().numpy(), self.fc2.tiles.numpy(), self.b2.float().numpy(),
-                self.candidate_rows.tiles.numpy(), self.candidates, self.is_candidate,
-                model.embed.view(torch.int16).numpy(), np.float32(margin),
+                self.candidate_rows.tiles.numpy(), self.candidates, np.float32(margin),
             )  # fmt: skip
 
-    def guesses(self, hidden: torch.Tensor, tokens: torch.Tensor, contexts: Sequence[Sequence[int]]) -> list[list[int]]:
-        """hidden: (B, H) the rows that produced `tokens` (B,); contexts: each sequence's tokens
-        so far (its candidates besides the frequent ones). Each sequence's guessed next token,
-        then the other tokens within the margin of its score, best first."""
-        if self.kernel is None:
-            return self._guesses(hidden, tokens, contexts)
-        out = np.empty((len(contexts), MAX_GUESSES), dtype=np.int64)
-        flat = np.concatenate([np.asarray(c, dtype=np.int64) for c in contexts])
-        offsets = np.cumsum([0] + [len(c) for c in contexts])
-        self.kernel(hidden.numpy(), tokens.numpy(), *self.kernel_args, flat, offsets, out)
-        return [row[row >= 0].tolist() for row in out]
-
-    def _guesses(
-        self, hidden: torch.Tensor, tokens: torch.Tensor, contexts: Sequence[Sequence[int]]
+    def guesses(
+        self, hidden: torch.Tensor, tokens: torch.Tensor, slots: Sequence[int], contexts: Sequence[Sequence[int]]
     ) -> list[list[int]]:
-        """guesses() through the ops."""
+        """hidden: (B, H) the rows that produced `tokens` (B,); slots: each row's sequence's KV
+        slot; contexts: each sequence's tokens so far (its candidates besides the frequent ones).
+        Each sequence's guessed next token, then the other tokens within the margin of its
+        score, best first."""
+        if self.kernel is None:
+            for slot, context in zip(slots, contexts, strict=True):
+                self.own.update(slot, context)
+            return self._guesses(hidden, tokens, slots)
+        # in as few numpy calls as can be: right after a forward each costs 0.01-0.1 ms
+        unseen = [self.own.unseen(slot, context) for slot, context in zip(slots, contexts, strict=True)]
+        new = np.array([t for tokens_of in unseen for t in tokens_of], dtype=np.int64)
+        offsets = np.array([0, *itertools.accumulate(len(u) for u in unseen)], dtype=np.int64)
+        out = np.empty((len(slots), MAX_GUESSES), dtype=np.int64)
+        self.kernel(hidden.numpy(), tokens.numpy(), *self.kernel_args, *self.own.arrays(),
+                    np.array(slots, dtype=np.int64), new, offsets, out)  # fmt: skip
+        return [[g for g in row if g >= 0] for row in out.tolist()]
+
+    def _guesses(self, hidden: torch.Tensor, tokens: torch.Tensor, slots: Sequence[int]) -> list[list[int]]:
+        """guesses() through the ops, the slots' own tokens updated."""
         model, ops = self.model, self.model.ops
         x = torch.cat([hidden, model.embedding(tokens).to(hidden.dtype)], dim=1)
         z = hidden + ops.linear(torch.nn.functional.silu(ops.linear(x, self.fc1) + self.b1), self.fc2) + self.b2
         frequent = ops.linear(z, self.candidate_rows).float().cpu().numpy()  # (B, N)
         z = z.float()
         out = []
-        for b, context in enumerate(contexts):
-            ids = np.unique(np.asarray(context, dtype=np.int64))
-            own = ids[~self.is_candidate[ids]]
+        for b, slot in enumerate(slots):
+            own = self.own.ids[slot, : self.own.counts[slot]]
             scores = (model.embedding(torch.from_numpy(own).to(z.device)) @ z[b]).cpu().numpy()
             # candidates before own tokens, each in order: a tie goes to the first (as in the kernel)
             ids, scores = np.concatenate([self.candidates, own]), np.concatenate([frequent[b], scores])
@@ -156,15 +217,20 @@ def _float32(typingctx, bits):
 
 
 @njit(fastmath=_FAST, cache=True)
-def compiled_guesses(hidden, tokens, fc1, b1, fc2, b2, candidate_rows, candidates, is_candidate, table, margin,
-                     contexts, offsets, guesses):  # pragma: no cover - compiled  # fmt: skip
+def compiled_guesses(hidden, tokens, fc1, b1, fc2, b2, candidate_rows, candidates, margin, is_candidate, table,
+                     own_ids, own_rows, own_counts, own_present, slots, new, offsets,
+                     guesses):  # pragma: no cover - compiled  # fmt: skip
     """GuessHead.guesses in one compiled call, for the bf16 CPU engines: from Python its dozen
     small steps cost ~0.1 ms each right after a forward, 0.8-1.1 ms a call. hidden (B, H)
     float32, tokens (B,); fc1, fc2, candidate_rows the ops' packed weights (_project); b1, b2
-    float32; table (V, H) the bf16 embedding (int16 bits); contexts each sequence's tokens, one
-    after another, the b-th from offsets[b] to offsets[b + 1]. Row b of guesses (B, MAX_GUESSES)
-    gets the b-th guess and the tokens within margin of its score, best first, then -1s."""
+    float32; is_candidate .. own_present an OwnTokens' arrays (table: the (V, H) bf16 embedding,
+    int16 bits), the b-th row's sequence's those of slot slots[b], which are first updated with
+    its tokens new[offsets[b] : offsets[b + 1]]. Row b of guesses (B, MAX_GUESSES) gets the b-th
+    guess and the tokens within margin of its score, best first, then -1s."""
     batch, size = hidden.shape
+    for b in range(batch):
+        add_own_tokens(is_candidate, table, own_ids, own_rows, own_counts, own_present, slots[b],
+                       new[offsets[b] : offsets[b + 1]])  # fmt: skip
     x = np.empty((batch, 2 * size), dtype=np.float32)  # [h; e(token)]
     for b in range(batch):
         for d in range(size):
@@ -180,23 +246,19 @@ def compiled_guesses(hidden, tokens, fc1, b1, fc2, b2, candidate_rows, candidate
         for d in range(size):
             z[b, d] += x[b, d] + b2[d]
     scores = _project(z[:batch, :size], candidate_rows)
-    row = np.empty(size, dtype=np.float32)
     for b in range(batch):
-        own = np.unique(contexts[offsets[b] : offsets[b + 1]])
-        ids = np.empty(len(candidates) + len(own), dtype=np.int64)  # candidates, then own tokens
-        values = np.empty(len(ids), dtype=np.float32)
-        n = len(candidates)
+        s, n = slots[b], len(candidates)
+        count = own_counts[s]
+        ids = np.empty(n + count, dtype=np.int64)  # candidates, then own tokens
+        values = np.empty(n + count, dtype=np.float32)
         ids[:n] = candidates
         values[:n] = scores[b, :n]
-        for t in own:
-            if is_candidate[t]:
-                continue
-            for d in range(size):
-                row[d] = _float32(table[t, d])
+        for i in range(count):
+            row = own_rows[s, i]
             score = np.float32(0.0)
             for d in range(size):
-                score += row[d] * z[b, d]
-            ids[n], values[n] = t, score
+                score += _float32(row[d]) * z[b, d]
+            ids[n], values[n] = own_ids[s, i], score
             n += 1
         best = 0
         for i in range(1, n):
