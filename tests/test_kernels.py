@@ -5,12 +5,15 @@ forward must get the same logits as the same token decoded alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from conftest import BF16_OPS_PARAMS, needs_amx, write_tiny_llama
 
-from specdec.engine import amx, kernels
+import specdec
+from specdec.engine import KERNEL_SOURCES, amx, kernel_cache_dir, kernels
 from specdec.engine.model import Llama, resolve_dtype
 from specdec.engine.ops import CpuAvx512Bf16Ops, CpuBf16Ops, CpuOps, TorchOps
 
@@ -81,6 +84,20 @@ def test_exp_is_within_a_few_ulp_of_exp_and_stays_finite():
     assert np.isnan(kernels._exp(np.float32("nan")))  # a NaN shows, as with np.exp
     assert np.all(np.isfinite(got)) and np.all(got > 0)  # held to the normal range outside it
     assert np.all(got[x < -87] <= np.exp(np.float32(-86.9))) and np.all(got[x > 88] >= np.exp(np.float32(87.9)))
+
+
+def test_the_kernels_cache_moves_when_any_kernel_source_changes(tmp_path):
+    """amx.py's cached kernels hold kernels.py's code: a change to either must not find the old cache."""
+    package = Path(specdec.__file__).parent
+    for source in KERNEL_SOURCES:
+        (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / source).write_bytes((package / source).read_bytes())
+    assert kernel_cache_dir(tmp_path) == tmp_path / "engine" / "__pycache__" / kernel_cache_dir(package).name
+    for source in KERNEL_SOURCES:
+        before = kernel_cache_dir(tmp_path)
+        with open(tmp_path / source, "a") as f:
+            f.write("\n")
+        assert kernel_cache_dir(tmp_path) != before, source
 
 
 def test_exp_of_a_nonpositive_number_is_exp_bit_for_bit():
