@@ -243,8 +243,7 @@ def _last_values(values, length, value_blocks):  # pragma: no cover - compiled
     whole = valid // 2 * row
     for k in range(whole):
         flat[k] = source[k]
-    for k in range(whole, len(flat)):
-        flat[k] = 0
+    _zero_from(flat, whole)
     if valid % 2:  # the row of pairs across `length`: its first position only
         for k in range(whole, whole + row, 2):
             flat[k] = source[k]
