@@ -20,15 +20,23 @@ def _add_url(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from specdec.build import build
     from specdec.build.trtllm import BuildError
 
+    if args.output_dir and not args.render_only:
+        console.print("[red]error:[/] --output-dir goes with --render-only")
+        return 2
+    output_dir = Path(args.output_dir).resolve() if args.output_dir else None
     try:
-        repo = build(load_profile(args.profile), dry_run=args.dry_run)
+        repo = build(load_profile(args.profile), args.dry_run, args.render_only, output_dir)
     except BuildError as err:
         console.print(f"[red]build failed:[/] {err}")
         return 1
-    if not args.dry_run:
+    if args.render_only:
+        console.print(f"[green]rendered[/] model repository (nothing built): {repo}")
+    elif not args.dry_run:
         console.print(f"[green]built[/] model repository: {repo}")
     return 0
 
@@ -226,6 +234,10 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="convert weights / build engines and render the model repository")
     _add_profile(p)
     p.add_argument("--dry-run", action="store_true", help="print the commands that would run; write nothing")
+    p.add_argument(
+        "--render-only", action="store_true", help="write only the model repository a build would serve (no engines)"
+    )
+    p.add_argument("--output-dir", help="with --render-only: where the repository goes (default: the build's)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser(

@@ -303,6 +303,11 @@ class ServerOptions(_Strict):
         "restart_window_s (then it exits with 1, for the service manager); 0: exit at once",
     )
     restart_window_s: Annotated[float, Field(gt=0)] = 3600.0
+    ready_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        300.0,
+        description="how long `specdec serve` waits for tritonserver to become ready (models loaded) before it "
+        "gives up: a first engine load, or an LLM-API model's first start, can take many minutes",
+    )
 
     @field_validator("host")
     @classmethod

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from specdec import loop
+from specdec.build import upstream
 from specdec.config import Profile
 from specdec.spec_decode import (
     Chunk,
@@ -39,6 +40,13 @@ PERF_OUTPUTS = ["total_draft_tokens", "total_accepted_draft_tokens"]
 def drafts_in_engine(profile: Profile) -> bool:
     """The profile's target speculates inside its engine (no drafts from the BLS)."""
     return profile.trtllm is not None and not profile.trtllm.external
+
+
+def decoupled_engines(profile: Profile) -> set[str]:
+    """The engine models that answer through a decoupled response sender: the LLM API's (a mode
+    with no engine build), rendered as the target."""
+    trt = profile.trtllm
+    return {"target"} if trt is not None and upstream.MODES[trt.mode].build_mode is None else set()
 
 
 def record_engine_round(stats: loop.AcceptanceStats, num_new: int, drafted: int, accepted: int) -> None:
@@ -100,10 +108,11 @@ class PassthroughService:
                     gen.finish_reason = "cancelled"
                     break
                 remaining = req.spec.max_tokens - len(gen.generated)
-                ids, _, _ = await target.generate(
-                    gen.tokens, min(self.chunk, remaining) if req.stream else remaining, sampling, key, end_id
-                )
-                new = gen.accept([], ids)
+                asked = min(self.chunk, remaining) if req.stream else remaining
+                ids, _, _ = await target.generate(gen.tokens, asked, sampling, key, end_id)
+                new = gen.accept([], ids) if ids else []
+                if not gen.finished and len(ids) < asked:
+                    gen.finish_reason = "eos"  # the engine ended at its end token and left it out
                 record_engine_round(
                     gen.stats, len(ids), perf["total_draft_tokens"], perf["total_accepted_draft_tokens"]
                 )

@@ -42,8 +42,10 @@ class TritonInstall:
     library_dirs: tuple[Path, ...] = ()
 
 
-def find_triton(build_dir: Path) -> TritonInstall:
-    if (CONTAINER_SERVER / "bin" / "tritonserver").is_file():
+def find_triton(build_dir: Path, standin: bool = False) -> TritonInstall:
+    """The container's tritonserver, else the wheel's with its Python backend assembled in the
+    build folder; with standin, the CPU stand-in for the tensorrtllm backend installed beside it."""
+    if not standin and (CONTAINER_SERVER / "bin" / "tritonserver").is_file():
         return TritonInstall(CONTAINER_SERVER / "bin" / "tritonserver", CONTAINER_SERVER / "backends")
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
@@ -64,7 +66,19 @@ def find_triton(build_dir: Path) -> TritonInstall:
         dst = backend / src.name
         if not dst.exists() or dst.stat().st_size != src.stat().st_size:
             shutil.copy2(src, dst)
+    if standin:
+        install_standins(backend.parent)
     return TritonInstall(root / "bin" / "tritonserver", backend.parent, (libs,))
+
+
+def install_standins(backend_dir: Path) -> None:
+    """The tensorrtllm backend's stand-in (specdec/trtllm_standin.py) as a Python-based backend
+    of that name: Triton runs <backends>/tensorrtllm/model.py for a model of backend "tensorrtllm"
+    when no libtriton_tensorrtllm.so is there."""
+    from specdec.build.render import TEMPLATES
+
+    (backend_dir / "tensorrtllm").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(TEMPLATES / "tensorrtllm" / "standin" / "model.py", backend_dir / "tensorrtllm" / "model.py")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -88,9 +102,17 @@ class TritonServer:
     """A tritonserver serving the profile's rendered repository. Use as a context manager."""
 
     def __init__(
-        self, profile: Profile, host: str | None = None, ports: Ports | None = None, log_file: Path | None = None
+        self,
+        profile: Profile,
+        host: str | None = None,
+        ports: Ports | None = None,
+        log_file: Path | None = None,
+        standin: bool = False,
     ):
+        """standin: serve a tensorrtllm profile's repository on the CPU, with the stand-ins of
+        specdec/trtllm_standin.py in place of TensorRT-LLM (tests; no GPU needed)."""
         self.profile = profile
+        self.standin = standin
         self.host = host or profile.server.host
         s = profile.server
         self.ports = ports or Ports(s.http_port, s.grpc_port, s.metrics_port)
@@ -143,7 +165,7 @@ class TritonServer:
         """The command line and environment that start the server: tritonserver itself, or for a
         tensorrtllm profile tritonserver under `mpirun` in TensorRT-LLM's orchestrator mode
         (specdec/build/trtllm.py), which only NVIDIA's container has."""
-        if self.profile.backend != "tensorrtllm":
+        if self.profile.backend != "tensorrtllm" or self.standin:
             return self.command(install), self.environment(install)
         from specdec.build.trtllm import TRITON_IMAGE, launch_command
 
@@ -164,7 +186,7 @@ class TritonServer:
         return env
 
     def start(self, foreground_log: bool = False) -> TritonServer:
-        install = find_triton(self.profile.build_path())
+        install = find_triton(self.profile.build_path(), self.standin)
         drain_path(self.profile.build_path()).unlink(missing_ok=True)  # a crash may have left one
         self.foreground_log = foreground_log
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +202,10 @@ class TritonServer:
         )
         return self
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Until the server is ready; ServerError if it exits first or is not ready within
+        `timeout` seconds (default: the profile's server.ready_timeout_s)."""
+        timeout = self.profile.server.ready_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:

@@ -186,7 +186,8 @@ class EngineClient:
         # calls that ask for the same ones, and at 16 users the calls asking and those not asking
         # left as two calls and went into two forwards (HISTORY item 47).
         guess = [GUESS_OUTPUT] if return_guess is not None else []
-        outputs = ["output_ids"] + (["generation_logits"] if return_logits else []) + guess
+        # sequence_length too: the tensorrtllm backend fails a response without it (upstream.Written.REQUIRED)
+        outputs = ["output_ids", "sequence_length"] + (["generation_logits"] if return_logits else []) + guess
         return PreparedCall(self, inputs, outputs, key)
 
     def send_together(self, calls: list[Callable[[], Awaitable[Generated]]]) -> list[Awaitable[Generated] | Exception]:
@@ -228,7 +229,7 @@ class EngineClient:
         inputs = {
             name: stack_rows([call.inputs[name] for call in calls], fill.get(name, 0)) for name in calls[0].inputs
         }
-        return self.prepare(self.model, inputs, [*outputs, "sequence_length", ROW_ERRORS_OUTPUT], calls[0].key)()
+        return self.prepare(self.model, inputs, [*outputs, ROW_ERRORS_OUTPUT], calls[0].key)()
 
     async def decoded(self, sent: Awaitable[dict[str, np.ndarray]], row: int) -> Generated:
         """Row `row` of a call's outputs (a call of one row: 0)."""
@@ -236,8 +237,7 @@ class EngineClient:
         if ROW_ERRORS_OUTPUT in result and (error := result[ROW_ERRORS_OUTPUT][row].reshape(-1)[0]):
             raise EngineError(f"{self.model}: {error.decode()}")
         ids = np.asarray(result["output_ids"])[row].reshape(-1)
-        if "sequence_length" in result:  # rows padded to the longest
-            ids = ids[: int(result["sequence_length"][row].reshape(-1)[0])]
+        ids = ids[: int(np.asarray(result["sequence_length"])[row].reshape(-1)[0])]  # rows padded to the longest
         logits = result.get("generation_logits")
         if logits is not None:
             logits = np.asarray(logits, dtype=np.float32)[row].reshape(len(ids), -1)
@@ -288,6 +288,8 @@ class SpecDecodeService:
         self.guesses = uniform and profile.speculation.ngram.guess_head is not None
         self.target = EngineClient(prepare, target_model, uniform, profile.engine.max_batch_size)
         self.draft = EngineClient(prepare, draft_model, uniform) if draft_model else None
+        # the draft engine returns its logits (exact sampled verification); else it drafts greedily
+        self.draft_logits = profile.trtllm is None or profile.trtllm.draft_logits
         ngram = profile.speculation.ngram
         self.ngram = NgramProposer(ngram.min_n, ngram.max_n)
         self.phrases = PhraseIndex.load(ngram.phrases) if ngram.phrases else None
@@ -318,6 +320,10 @@ class SpecDecodeService:
             draft_sampling = SamplingParams(
                 sampling.temperature, sampling.top_k, sampling.top_p, derive_seed(sampling.seed, DRAFT_SEED_SALT)
             )
+            if not self.draft_logits:
+                # without the draft's logits the target verifies by comparing tokens, exact only
+                # for a deterministic draft: the draft decodes greedily
+                draft_sampling = SamplingParams()
 
             failed = False
 
@@ -329,7 +335,7 @@ class SpecDecodeService:
                     return loop.NO_DRAFT
                 try:
                     ids, logits, _ = await self.draft.generate(
-                        tokens, k, draft_sampling, key, end_id, return_logits=not sampling.greedy, cache_salt=salt
+                        tokens, k, draft_sampling, key, end_id, return_logits=not draft_sampling.greedy, cache_salt=salt
                     )
                 except EngineError as err:
                     failed = True
@@ -430,6 +436,8 @@ class SpecDecodeService:
                 setattr(self.controller, role, ForwardCost.load(path))
 
     async def _release(self, key: str, draft_used: bool) -> None:
+        if self.profile.backend != "pytorch":
+            return  # every tensorrtllm call is a finished request: the engine holds no sequence
         clients = [self.target] + ([self.draft] if draft_used and self.draft else [])
         for client in clients:
             try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.build import upstream
 from specdec.config import PROPOSERS, Profile
 from specdec.contract import (
     CACHE_SALT_INPUT,
@@ -46,7 +47,7 @@ def request_inputs(request) -> dict[str, np.ndarray]:
     return out
 
 
-def _one(inputs: dict, name: str, default=None):
+def input_scalar(inputs: dict, name: str, default=None):
     """A scalar input ([1] or []), or default when absent."""
     if name not in inputs:
         return default
@@ -57,12 +58,12 @@ def _one(inputs: dict, name: str, default=None):
 
 
 def _int(inputs: dict, name: str, default: int | None = None) -> int | None:
-    value = _one(inputs, name)
+    value = input_scalar(inputs, name)
     return default if value is None else int(value)
 
 
 def _float(inputs: dict, name: str, default: float) -> float:
-    value = _one(inputs, name)
+    value = input_scalar(inputs, name)
     if value is None:
         return default
     value = float(value)
@@ -91,7 +92,7 @@ def _text(value, name: str) -> str:
 
 def _cache_salt(inputs: dict) -> str:
     """The request's cache salt ("" when absent)."""
-    salt = _text(_one(inputs, CACHE_SALT_INPUT, ""), CACHE_SALT_INPUT)
+    salt = _text(input_scalar(inputs, CACHE_SALT_INPUT, ""), CACHE_SALT_INPUT)
     if len(salt.encode()) > MAX_CACHE_SALT_BYTES:
         raise InvalidInput(f"{CACHE_SALT_INPUT}: at most {MAX_CACHE_SALT_BYTES} bytes, got {len(salt.encode())}")
     return salt
@@ -129,7 +130,7 @@ class PreprocessRequest:
 def parse_preprocess(inputs: dict, profile: Profile) -> PreprocessRequest:
     if "text_input" not in inputs:
         raise InvalidInput("text_input: required")
-    text = _text(_one(inputs, "text_input"), "text_input")
+    text = _text(input_scalar(inputs, "text_input"), "text_input")
     if not text.strip():
         raise InvalidInput("text_input: the prompt is empty")
     if len(text.encode()) > profile.server.max_prompt_bytes:
@@ -151,7 +152,7 @@ def parse_preprocess(inputs: dict, profile: Profile) -> PreprocessRequest:
             if len(word.encode()) > limits.max_stop_word_bytes:
                 raise InvalidInput(f"stop_words: a stop word is longer than {limits.max_stop_word_bytes} bytes")
             stop_words.append(word)
-    apply = _one(inputs, "apply_chat_template")
+    apply = input_scalar(inputs, "apply_chat_template")
     return PreprocessRequest(
         text=text,
         max_tokens=max_tokens,
@@ -205,7 +206,7 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
 
     proposer = profile.speculation.proposer
     if "draft_method" in inputs:
-        proposer = _text(_one(inputs, "draft_method"), "draft_method").strip()
+        proposer = _text(input_scalar(inputs, "draft_method"), "draft_method").strip()
         if proposer not in PROPOSERS:
             raise InvalidInput(f"draft_method: must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
         if proposer == "draft_model" and profile.draft is None:
@@ -228,6 +229,7 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
         stop_words = stop_words_from_list(arr)
     end_id = _end_id(inputs)
     params = _sampling(inputs, _ENSEMBLE_SAMPLING)
+    _check_sampled(params, profile)
     return SpecDecodeRequest(
         spec=RequestSpec(
             prompt_ids=ids.astype(np.int64).tolist(),
@@ -238,9 +240,22 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
         ),
         sampling=params,
         proposer=proposer,
-        stream=bool(_one(inputs, "stream", False)),
+        stream=bool(input_scalar(inputs, "stream", False)),
         seeded="seed" in inputs,
         cache_salt=_cache_salt(inputs),
+    )
+
+
+def _check_sampled(params: SamplingParams, profile: Profile) -> None:
+    """Refuse a sampled request that the profile's TensorRT-LLM mode would decode greedily
+    (upstream.MODES): its output would not follow the target's distribution."""
+    mode = profile.trtllm.mode if profile.trtllm is not None else None
+    if mode is None or params.greedy or upstream.MODES[mode].sampling == "exact":
+        return
+    raise InvalidInput(
+        f"temperature: {mode} decodes greedily in TensorRT-LLM {upstream.TRTLLM_VERSION} "
+        f"({upstream.MODES[mode].sampling_where}), so a sampled request would not follow the model's "
+        "distribution: send temperature 0, or serve a draft_target or ngram profile, which sample exactly"
     )
 
 
@@ -267,7 +282,7 @@ def engine_rows(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
 
 def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | None:
     """The engine's GenerationRequest of one row; None for a `stop` request (release request_id)."""
-    if bool(_one(inputs, "stop", False)):
+    if bool(input_scalar(inputs, "stop", False)):
         return None
     ids = np.asarray(inputs.get("input_ids", []))
     if ids.ndim != 1 or ids.size == 0:
@@ -288,9 +303,9 @@ def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | N
         draft_logits=None if draft_logits is None else draft_logits.astype(np.float32, copy=False),
         sampling=_sampling(inputs, _ENGINE_SAMPLING),
         end_id=_end_id(inputs),
-        sequence_key=_text(_one(inputs, SEQUENCE_KEY_INPUT, request_id), SEQUENCE_KEY_INPUT),
-        return_logits=bool(_one(inputs, "return_generation_logits", False)),
-        return_guess=bool(_one(inputs, GUESS_INPUT, False)),
+        sequence_key=_text(input_scalar(inputs, SEQUENCE_KEY_INPUT, request_id), SEQUENCE_KEY_INPUT),
+        return_logits=bool(input_scalar(inputs, "return_generation_logits", False)),
+        return_guess=bool(input_scalar(inputs, GUESS_INPUT, False)),
         cache_salt=_cache_salt(inputs),
     )
 
@@ -313,7 +328,7 @@ def parse_engine_call(arrays: dict[str, np.ndarray], request_id: str) -> EngineC
         if len(rows) > 1:
             raise InvalidInput("stop: a stop call releases one sequence, send it alone")
         return None
-    return EngineCall(parsed, [bool(_one(row, "exclude_input_in_output", False)) for row in rows])
+    return EngineCall(parsed, [bool(input_scalar(row, "exclude_input_in_output", False)) for row in rows])
 
 
 def answer_engine_call(call: EngineCall, results: list[GenerationResult | Exception]) -> dict[str, np.ndarray]:

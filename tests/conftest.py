@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from specdec.build.random_weights import write_random_llama
 from specdec.engine.ops import BF16_OPS, CpuBf16Ops, bf16_unsupported
 
 TINY = {
@@ -31,39 +31,9 @@ TINY = {
 
 
 def write_tiny_llama(path: Path, seed: int = 0, scale: float = 1.0, **overrides) -> Path:
-    """A random-weight Llama in Hugging Face layout. Exactness must hold for any weights, so
-    these are honest tests of the loop; scale sharpens (large) or flattens (small) the logits."""
-    cfg = {**TINY, **overrides, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
-    g = torch.Generator().manual_seed(seed)
-    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    hd, h, kv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-
-    def w(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * (scale / shape[-1] ** 0.5)
-
-    sd = {
-        "model.embed_tokens.weight": torch.randn(v, d, generator=g),
-        "model.norm.weight": 1 + 0.1 * torch.randn(d, generator=g),
-    }
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        sd |= {
-            p + "input_layernorm.weight": 1 + 0.1 * torch.randn(d, generator=g),
-            p + "post_attention_layernorm.weight": 1 + 0.1 * torch.randn(d, generator=g),
-            p + "self_attn.q_proj.weight": w(h * hd, d),
-            p + "self_attn.k_proj.weight": w(kv * hd, d),
-            p + "self_attn.v_proj.weight": w(kv * hd, d),
-            p + "self_attn.o_proj.weight": w(d, h * hd),
-            p + "mlp.gate_proj.weight": w(f, d),
-            p + "mlp.up_proj.weight": w(f, d),
-            p + "mlp.down_proj.weight": w(d, f),
-        }
-    if not cfg["tie_word_embeddings"]:
-        sd["lm_head.weight"] = w(v, d) * 4
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({k: t.contiguous() for k, t in sd.items()}, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(cfg))
-    return path
+    """A random-weight Llama of TINY's shape (overrides change it): exactness must hold for any
+    weights, so these are honest tests of the loop; scale sharpens or flattens the logits."""
+    return write_random_llama(path, {**TINY, **overrides}, seed, scale)
 
 
 def write_guess_head(path: Path, seed: int = 3, width: int = 32) -> dict[str, torch.Tensor]:

@@ -8,6 +8,7 @@ Regenerate the golden files after an intended change: SPECDEC_UPDATE_GOLDEN=1 py
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import stat
 from pathlib import Path
@@ -15,13 +16,12 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
-from trtllm_checkpoints import GPU_PROFILES, profile_file, tiny_profile
+from trtllm_checkpoints import GPU_PROFILES, TRT_PROFILES, profile_file, tiny_profile
 
-from specdec.build import build
+from specdec.build import build, upstream
 from specdec.build import trtllm as t
 from specdec.build.render import TEMPLATES, model_templates, render_configs, render_repository
 from specdec.config import load_profile
-from specdec.contract import ENGINE_INPUTS, ENGINE_OUTPUTS
 from specdec.serve import CONTAINER_SERVER, Ports, TritonInstall, TritonServer
 
 GOLDEN = Path(__file__).parent / "golden" / "trtllm"
@@ -58,25 +58,41 @@ def _flags(argv: tuple[str, ...]) -> set[str]:
     return {a for a in argv if a.startswith("--")}
 
 
-TRT_PROFILES = [n for n in GPU_PROFILES if n != "pytorch-cuda"]
+def _value(argv, flag):
+    return argv[argv.index(flag) + 1]
 
 
 @pytest.mark.parametrize("name", TRT_PROFILES)
-def test_commands_use_only_pinned_flags(name):
+def test_commands_use_only_upstream_flags_and_values(name):
+    """Every trtllm-build flag and value, and every converter's flags, as TensorRT-LLM 1.0
+    has them (upstream.TRTLLM_BUILD_FLAGS, upstream.CONVERTERS)."""
     profile = load_profile(profile_file(name))
     for step in t.plan(profile):
         if step.argv[0] == "trtllm-build":
-            assert _flags(step.argv) <= t.TRTLLM_BUILD_FLAGS
+            assert _flags(step.argv) <= set(upstream.TRTLLM_BUILD_FLAGS), step.name
+            assert _value(step.argv, "--gemm_plugin") in upstream.GEMM_PLUGIN_DTYPES
+            assert _value(step.argv, "--use_paged_context_fmha") in upstream.PLUGIN_SWITCH
+            assert _value(step.argv, "--kv_cache_type") in upstream.KV_CACHE_TYPES
             if "--speculative_decoding_mode" in step.argv:
-                mode = step.argv[step.argv.index("--speculative_decoding_mode") + 1]
-                assert mode in t.SPECULATIVE_DECODING_MODES
+                assert _value(step.argv, "--speculative_decoding_mode") in upstream.SPECULATIVE_DECODING_MODES
+            if "--logits_dtype" in step.argv:
+                assert _value(step.argv, "--logits_dtype") in ("float16", "float32")
         else:
             script = str(Path(step.argv[1]).relative_to(t.examples_dir()))
-            assert _flags(step.argv) <= t.CONVERT_FLAGS[script]
+            assert _flags(step.argv) <= upstream.CONVERTERS[script].flags, step.name
 
 
-def _value(argv, flag):
-    return argv[argv.index(flag) + 1]
+def test_each_mode_builds_and_decodes_as_upstream_names_it():
+    for name in TRT_PROFILES:
+        profile = load_profile(profile_file(name))
+        mode = upstream.MODES[profile.trtllm.mode]
+        builds = [s.argv for s in t.plan(profile) if s.argv[0] == "trtllm-build"]
+        if mode.build_mode is None:
+            assert builds == []  # the LLM API loads the checkpoints itself
+            continue
+        assert _value(builds[0], "--speculative_decoding_mode") == mode.build_mode
+        assert t.triton_parameters(profile, "target").get("decoding_mode") == mode.decoding_mode
+        assert mode.decoding_mode is None or mode.decoding_mode in upstream.DECODING_MODES
 
 
 def test_draft_target_flags_the_issue_asks_for():
@@ -86,48 +102,81 @@ def test_draft_target_flags_the_issue_asks_for():
     assert _value(target, "--speculative_decoding_mode") == "draft_tokens_external"
     assert _value(target, "--max_draft_len") == "8"
     assert "--gather_generation_logits" in draft and "--gather_generation_logits" not in target
+    assert _value(draft, "--logits_dtype") == "float32"  # the draft config declares its logits FP32
     assert "--speculative_decoding_mode" not in draft
     for argv in (target, draft):  # KV cache reuse is on: paged context FMHA everywhere
         assert _value(argv, "--use_paged_context_fmha") == "enable"
     ngram = {s.name: s.argv for s in t.plan(load_profile(profile_file("ngram")))}
-    assert _value(ngram["build target engine"], "--speculative_decoding_mode") == "draft_tokens_external"
     assert list(ngram) == ["convert target checkpoint", "build target engine"]
 
 
-def test_in_engine_modes():
-    modes = {}
-    for name in ("medusa", "lookahead", "redrafter"):
-        profile = load_profile(profile_file(name))
-        build_step = next(s for s in t.plan(profile) if s.argv[0] == "trtllm-build")
-        modes[name] = (_value(build_step.argv, "--speculative_decoding_mode"), t.triton_parameters(profile, "target"))
-    assert modes["medusa"][0] == "medusa" and modes["medusa"][1]["decoding_mode"] == "medusa"
-    assert modes["medusa"][1]["medusa_choices"].startswith("{0}, {0, 0}, {1}, {0, 1}")
-    assert modes["lookahead"][0] == "lookahead_decoding"
-    assert {k: v for k, v in modes["lookahead"][1].items() if k.startswith("lookahead")} == {
-        "lookahead_window_size": "4",
-        "lookahead_ngram_size": "4",
-        "lookahead_verification_set_size": "4",
-    }
-    assert modes["redrafter"][0] == "explicit_draft_tokens" and modes["redrafter"][1]["decoding_mode"] == "redrafter"
-    for _, params in modes.values():
-        assert params["decoding_mode"] in t.DECODING_MODES
-    assert t.plan(load_profile(profile_file("eagle3"))) == []  # LLM API: no engine build
+def test_redrafter_converts_its_base_first():
+    """TensorRT-LLM 1.0's ReDrafter converter takes the base model's converted checkpoint
+    (--base_model_checkpoint_dir), not its Hugging Face folder."""
+    profile = load_profile(profile_file("redrafter"))
+    steps = t.plan(profile)
+    assert [s.name for s in steps] == ["convert target base checkpoint", "convert target checkpoint",
+                                       "build target engine"]  # fmt: skip
+    base, redrafter = steps[0].argv, steps[1].argv
+    assert base[1].endswith(upstream.LLAMA_CONVERTER) and _value(base, "--model_dir") == profile.target.hf_dir
+    assert redrafter[1].endswith(upstream.REDRAFTER_CONVERTER)
+    assert _value(redrafter, "--base_model_checkpoint_dir") == str(steps[0].output)
+    assert "--pp_size" not in redrafter and "--model_dir" not in redrafter
 
 
-@pytest.mark.parametrize("name", GPU_PROFILES)
-def test_every_config_is_a_triton_model_config(name):
-    profile = load_profile(profile_file(name))
-    for text in render_configs(profile).values():
-        config = text_format.Parse(text, model_config_pb2.ModelConfig())
-        if config.backend == "tensorrtllm":
-            assert {p for p in config.parameters} <= t.TRITON_PARAMETERS
-            inputs = {i.name: model_config_pb2.DataType.Name(i.data_type) for i in config.input}
-            outputs = {o.name for o in config.output}
-            assert set(inputs) == set(ENGINE_INPUTS) and set(inputs) <= t.PINNED_ENGINE_INPUTS
-            assert outputs == set(ENGINE_OUTPUTS) and outputs <= t.PINNED_ENGINE_OUTPUTS
-            assert inputs["seed"] == "TYPE_UINT64"  # the pinned name; 0.19 and older said random_seed
-            assert config.parameters["exclude_input_in_output"].string_value == "true"
-            assert config.parameters["gpt_model_type"].string_value == "inflight_fused_batching"
+def _config(text: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def _tensorrtllm_configs(name: str) -> dict[str, model_config_pb2.ModelConfig]:
+    configs = {m: _config(text) for m, text in render_configs(load_profile(profile_file(name))).items()}
+    return {m: c for m, c in configs.items() if c.backend == "tensorrtllm"}
+
+
+def _declared(tensor: upstream.Tensor) -> tuple:
+    dtype = "TYPE_FP32" if tensor.dtype == upstream.LOGITS_DATATYPE else tensor.dtype
+    return dtype, list(tensor.dims)
+
+
+@pytest.mark.parametrize("name", [n for n in TRT_PROFILES if n != "eagle3"])
+def test_every_tensorrtllm_config_carries_what_the_backend_reads(name):
+    """Parameters: every one the backend requires for the model's decoding mode, only ones it
+    reads, values it parses (upstream.BACKEND_PARAMETERS)."""
+    for model, config in _tensorrtllm_configs(name).items():
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        decoding_mode = params.get("decoding_mode")
+        assert upstream.required_parameters(decoding_mode) <= params.keys(), model
+        assert params.keys() <= upstream.BACKEND_PARAMETERS.keys(), model
+        assert decoding_mode is None or decoding_mode in upstream.DECODING_MODES
+        assert params["gpt_model_type"] in upstream.GPT_MODEL_TYPES
+        for key in ("enable_kv_cache_reuse", "exclude_input_in_output"):
+            assert params[key] in upstream.BOOL_TRUE + upstream.BOOL_FALSE
+        assert re.fullmatch(r"\d+(,\d+)*", params["gpu_device_ids"])  # one instance's devices
+        if "medusa_choices" in params:  # "{0, 0, 0}, {0, 1}"
+            assert re.fullmatch(r"\{\d+(, \d+)*\}(, \{\d+(, \d+)*\})*", params["medusa_choices"])
+
+
+@pytest.mark.parametrize("name", TRT_PROFILES)
+def test_every_engine_tensor_is_declared_as_upstream_declares_it(name):
+    """Inputs and outputs: names, dtypes and dims of upstream's tensorrt_llm/config.pbtxt;
+    inputs with its optional / reshape / ragged flags; the seed input named as 1.0 names it."""
+    configs = {m: _config(text) for m, text in render_configs(load_profile(profile_file(name))).items()}
+    for model in ("target", "draft"):
+        if model not in configs:
+            continue
+        config = configs[model]
+        for tensor in config.input:
+            upstream_tensor = upstream.ENGINE_INPUTS[tensor.name]
+            dtype = model_config_pb2.DataType.Name(tensor.data_type)
+            assert (dtype, list(tensor.dims)) == _declared(upstream_tensor), tensor.name
+            assert tensor.optional == upstream_tensor.optional, tensor.name
+            assert tensor.HasField("reshape") == upstream_tensor.reshape, tensor.name
+            assert tensor.allow_ragged_batch == upstream_tensor.ragged, tensor.name
+        for tensor in config.output:
+            dtype = model_config_pb2.DataType.Name(tensor.data_type)
+            assert (dtype, list(tensor.dims)) == _declared(upstream.ENGINE_OUTPUTS[tensor.name].declared), tensor.name
+        names = {tensor.name for tensor in config.input}
+        assert upstream.SEED_INPUT in names and upstream.SEED_INPUT_BEFORE_1_0 not in names
 
 
 @pytest.mark.parametrize("name", GPU_PROFILES)

@@ -17,11 +17,12 @@ from specdec.config import ProfileError, load_profile, parse_profile
 def test_gpu_profile_states_its_deployment(name):
     profile = load_profile(profile_file(name))
     assert profile.engine.device == "cuda"
-    assert profile.engine.dtype == "bfloat16"
-    assert profile.engine.max_batch_size >= 1 and profile.engine.max_seq_len >= 4096
+    assert profile.engine.dtype in ("bfloat16", "float16")  # Vicuna's examples upstream: float16
+    assert profile.engine.max_batch_size >= 1 and profile.engine.max_seq_len >= 2048  # Vicuna-7B: 2048
     assert profile.speculation.proposer in ("draft_model", "ngram", "none")
     raw = profile_data(name)  # stated in the file, not left to defaults
     assert {"dtype", "max_batch_size", "max_seq_len"} <= raw["engine"].keys()
+    assert raw["server"]["ready_timeout_s"] >= 1800  # a first load of a 7-8B model takes minutes
     assert {"proposer", "num_draft_tokens"} <= raw["speculation"].keys()
     if profile.backend == "tensorrtllm":
         assert {"mode", "max_num_tokens", "max_draft_len"} <= raw["trtllm"].keys()
@@ -36,6 +37,12 @@ def test_the_issue_profiles_are_all_there():
     assert modes == {"draft_target", "ngram", "eagle3", "medusa", "lookahead", "redrafter"}
     eagle = load_profile(profile_file("eagle3")).trtllm.eagle3
     assert eagle.draft.hf_repo == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    medusa = load_profile(profile_file("medusa"))  # the family upstream supports Medusa for, with published heads
+    assert (medusa.target.hf_repo, medusa.trtllm.medusa.heads.hf_repo) == (
+        "lmsys/vicuna-7b-v1.3",
+        "FasterDecoding/medusa-vicuna-7b-v1.3",
+    )
+    assert load_profile(profile_file("redrafter")).target.hf_repo == "lmsys/vicuna-7b-v1.3"
     draft_target = load_profile(profile_file("draft-target"))
     assert draft_target.target.hf_repo == "meta-llama/Llama-3.1-8B-Instruct"
     assert draft_target.draft.hf_repo == "meta-llama/Llama-3.2-1B-Instruct"
@@ -142,3 +149,20 @@ def test_relative_weight_dirs_are_relative_to_the_profile(tmp_path):
     profile = load_profile(tmp_path / "medusa.yaml")
     assert profile.target.hf_dir == str(tmp_path / "weights/base")
     assert profile.trtllm.medusa.heads.hf_dir == str(tmp_path / "weights/heads")
+
+
+def _medusa_on(tmp_path, **config) -> list[str]:
+    data = with_tiny_weights(profile_data("medusa"), tmp_path)
+    path = tmp_path / "target" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    return file_problems(parse_profile(data))
+
+
+def test_medusa_refuses_a_llama3_target_naming_the_limitation(tmp_path):
+    """TensorRT-LLM 1.0's Medusa converter keeps only rope_scaling's type (upstream.CONVERTERS):
+    a Llama-3.1 target would be converted with the wrong RoPE."""
+    llama31 = {"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    (problem,) = [p for p in _medusa_on(tmp_path / "llama3", **llama31) if p.startswith("target.hf_dir")]
+    assert "Medusa supports Vicuna (Llama) targets only" in problem and "drops its factor" in problem
+    assert "examples/medusa/convert_checkpoint.py" in problem
+    assert not [p for p in _medusa_on(tmp_path / "vicuna") if p.startswith("target.hf_dir")]

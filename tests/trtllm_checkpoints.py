@@ -13,10 +13,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from specdec.config import CONFIGS_DIR, IN_ENGINE_WEIGHTS, Profile, parse_profile
 
 GPU_PROFILES = ("draft-target", "ngram", "eagle3", "medusa", "lookahead", "redrafter", "pytorch-cuda")
+TRT_PROFILES = tuple(n for n in GPU_PROFILES if n != "pytorch-cuda")  # backend tensorrtllm
 
 
 def profile_file(name: str) -> Path:
-    return CONFIGS_DIR / f"llama3.1-8b-{name}.yaml"
+    """configs/<model>-<name>.yaml"""
+    (path,) = CONFIGS_DIR.glob(f"*-{name}.yaml")
+    return path
 
 
 def profile_data(name: str) -> dict:

@@ -7,10 +7,15 @@ from pathlib import Path
 from specdec.config import Profile, ProfileError
 
 
-def build(profile: Profile, dry_run: bool = False) -> Path:
+def build(profile: Profile, dry_run: bool = False, render_only: bool = False, output_dir: Path | None = None) -> Path:
     """Everything `specdec serve` needs for this profile; returns the model repository. With
-    dry_run, print what would run (for TensorRT-LLM: the exact commands) and write nothing."""
+    dry_run, print what would run (for TensorRT-LLM: the exact commands) and write nothing. With
+    render_only, write only the model repository, exactly as a build does (to output_dir, else
+    the build's), converting and building nothing: what will be served, to read and diff."""
     from specdec.build.render import render_repository
+
+    if render_only:
+        return render_repository(profile, output_dir)
 
     ngram = profile.speculation.ngram
     for key, path, command in (

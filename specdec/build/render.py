@@ -101,12 +101,15 @@ def render_configs(profile: Profile) -> dict[str, str]:
     return {name: render_file(tpl / "config.pbtxt", values) for name, (tpl, values) in model_templates(profile).items()}
 
 
-def render_repository(profile: Profile) -> Path:
-    dest = profile.repository_dir()
+def render_repository(profile: Profile, dest: Path | None = None) -> Path:
+    """The profile's model repository, written to dest (default: the build's, with the resolved
+    profile its spec_decode model reads). Returns where it went."""
+    if dest is None:
+        dest = profile.repository_dir()
+        write_resolved_profile(profile)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    write_resolved_profile(profile)
     for name, (template, values) in model_templates(profile).items():
         copy_model(template, dest / name, values)
     return dest

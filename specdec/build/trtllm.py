@@ -1,66 +1,11 @@
 """TensorRT-LLM: the commands that build a profile's engines, their Triton models, and the launch.
 
-Pinned: TensorRT-LLM 1.0.0 (git commit ae8270b713446948246f16fadf4e2a32e35d0f62), as shipped in
-NVIDIA's Triton container nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3 (Triton 25.09,
-TensorRT 10.11.0.33, CUDA 12.9.1, Python 3.12).
+Every flag, script, parameter and tensor name used here is a fact of the upstream record
+(specdec/build/upstream.py), which says where in TensorRT-LLM 1.0.0 and its Triton backend it was
+read; the tests check the commands and the rendered configs against that record.
 
-Where each fact was checked (tensorrtllm_backend = github.com/triton-inference-server/
-tensorrtllm_backend, read with git; TRT-LLM = github.com/NVIDIA/TensorRT-LLM, read through a
-code index that stores versions by commit, not by tag, so a TRT-LLM file was read at a commit
-near 1.0.0 and the fact is marked as such where it could not be tied to the tag itself):
-
-- Container <-> version: Triton's compatibility matrix (docs.nvidia.com/deeplearning/triton-
-  inference-server/user-guide/docs/introduction/compatibility.html) lists 25.09 and 25.10
-  trtllm-python-py3 with TensorRT-LLM 1.0.0 (25.08: 0.21.0); tensorrtllm_backend's tag v1.0.0
-  and branch r25.09 both pin the tensorrt_llm submodule at ae8270b7.
-- Tensor names (contract.ENGINE_*): tensorrtllm_backend's own all_models/inflight_batcher_llm/
-  tensorrt_llm/config.pbtxt renamed `random_seed` to `seed` in commit c2e65b8 (2025-05-13, synced
-  from TRT-LLM main), before 1.0.0 branched; the v1.0.0rc6 model_config.md (backend commit e6dfd73)
-  and TRT-LLM's triton_backend/all_models/.../config.pbtxt both say `seed`. (The backend's v1.0.0
-  *tag* still carries the stale 0.19 docs saying `random_seed`; the 1.0 code does not.)
-  PINNED_ENGINE_INPUTS / PINNED_ENGINE_OUTPUTS below are the names of that config.pbtxt we use.
-- Model parameters (TRITON_PARAMETERS): keys of that config.pbtxt, identical in backend commit
-  c2e65b8 and TRT-LLM's current triton_backend copy; meanings in model_config.md (e6dfd73):
-  gpt_model_type=inflight_fused_batching, gpt_model_path, decoding_mode in {medusa, redrafter,
-  lookahead, eagle, ...}, medusa_choices as "{0, 0}, {0, 1}", lookahead_window_size /
-  lookahead_ngram_size / lookahead_verification_set_size, gpu_device_ids as "0,1",
-  executor_worker_path, FORCE_CPU_ONLY_INPUT_TENSORS.
-- trtllm-build flags: tensorrt_llm/commands/build.py and tensorrt_llm/plugin/plugin.py (TRT-LLM,
-  read at a commit near 1.0): --checkpoint_dir --output_dir --max_batch_size --max_input_len
-  --max_seq_len --max_num_tokens --kv_cache_type {continuous,paged,disabled} --workers
-  --gather_generation_logits --speculative_decoding_mode {draft_tokens_external,
-  lookahead_decoding, medusa, explicit_draft_tokens, eagle} --max_draft_len; plugin options
-  take "enable"/"disable" or a dtype (--use_paged_context_fmha enable, --gemm_plugin bfloat16).
-  That build.py warns that --gather_generation_logits is deprecated ("use
-  --output_generation_logits at runtime"); it is still accepted, and the issue asks for it.
-- Conversion scripts (examples are not in the wheel: the Dockerfile fetches TRT-LLM's examples/ at
-  tag v1.0.0): examples/models/core/llama/convert_checkpoint.py (--model_dir --output_dir --dtype
-  --tp_size --pp_size --workers), examples/medusa/convert_checkpoint.py (+ --medusa_model_dir
-  --num_medusa_heads --num_medusa_layers --max_medusa_token_len), examples/redrafter/
-  convert_checkpoint.py (--drafter_model_dir --redrafter_num_beams --redrafter_draft_len_per_beam;
-  it has no --pp_size).
-- Modes: examples/draft_target_model/README.md (target: --speculative_decoding_mode
-  draft_tokens_external --max_draft_len; --use_paged_context_fmha=enable for KV reuse; Triton
-  params kv_cache_free_gpu_mem_fraction, enable_kv_cache_reuse, exclude_input_in_output,
-  gpu_device_ids); examples/lookahead/README.md (lookahead_decoding, max_draft_len formula, see
-  config.LookaheadOptions); examples/medusa/README.md; examples/redrafter/README.md
-  (explicit_draft_tokens). tensorrt_llm/builder.py (near 1.0) takes a Medusa checkpoint's
-  max_draft_len when none is given and sets ReDrafter's to num_beams * draft_len_per_beam.
-  EAGLE-3: examples/eagle/README.md says the TensorRT-engine path supports EAGLE-1 only, so
-  EAGLE-3 runs in TRT-LLM's PyTorch backend through the LLM API
-  (specdec/llmapi_engine.py): EagleDecodingConfig(max_draft_len, speculative_model_dir,
-  eagle3_one_model) as used by examples/llm-api/quickstart_advanced.py near 1.0 (not confirmed
-  at the tag itself).
-- Launch: tensorrtllm_backend scripts/launch_triton_server.py (c2e65b8): several TRT-LLM models in
-  one repository use orchestrator mode, `mpirun -n 1 tritonserver ...` with TRTLLM_ORCHESTRATOR=1
-  and TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 plus --pinned-memory-pool-byte-size=0
-  --enable-peer-access=false --cuda-memory-pool-byte-size=<gpu>:0; the backend then spawns
-  tp*pp workers per model itself.
-
-Not confirmed (no GPU, no TensorRT-LLM here): whether the tensorrtllm backend answers a `stop`
-request for an id it no longer holds without an error (the BLS releases every sequence; release
-errors are only logged), and whether the 1.0 executor treats temperature 0 with top_k 0 as greedy
-(maintainers recommend top_k 1 for greedy; the pass-through sends that).
+Not confirmed (no GPU, no TensorRT-LLM here): whether the 1.0 executor treats temperature 0 with
+top_k 0 as greedy (maintainers recommend top_k 1 for greedy; spec_decode sends that).
 """
 
 from __future__ import annotations
@@ -73,136 +18,28 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from specdec.build import upstream
+from specdec.build.upstream import (
+    CONVERTERS,
+    EXECUTOR_WORKER,
+    LLAMA_CONVERTER,
+    MODES,
+    REDRAFTER_CONVERTER,
+    TRITON_IMAGE,
+    TRTLLM_VERSION,
+)
 from specdec.build.vocabulary import vocabulary_mismatch
 from specdec.config import IN_ENGINE_WEIGHTS, REPO_ROOT, ModelSource, Profile, ProfileError, TrtllmOptions
 from specdec.contract import ENGINE_INPUTS, ENGINE_OUTPUTS
 from specdec.progress import console
 
-TRTLLM_VERSION = "1.0.0"
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3"
+__all__ = ["TRITON_IMAGE", "TRTLLM_VERSION"]
+
 TEMPLATES = REPO_ROOT / "model_repository" / "tensorrtllm"
 EXAMPLES_ENV = "SPECDEC_TRTLLM_EXAMPLES"  # TRT-LLM's examples/ folder (the Dockerfile puts it here)
 DEFAULT_EXAMPLES = "/opt/tensorrt_llm/examples"
-EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 MARKER = ".specdec-step.json"
-
-# The tensorrt_llm model's inputs and outputs (pinned config.pbtxt) that our contract uses.
-PINNED_ENGINE_INPUTS = frozenset(
-    [
-        "input_ids",
-        "input_lengths",
-        "request_output_len",
-        "draft_input_ids",
-        "draft_logits",
-        "end_id",
-        "pad_id",
-        "temperature",
-        "runtime_top_k",
-        "runtime_top_p",
-        "seed",
-        "return_generation_logits",
-        "return_perf_metrics",
-        "exclude_input_in_output",
-        "streaming",
-        "stop",
-    ]
-)
-PINNED_ENGINE_OUTPUTS = frozenset(
-    [
-        "output_ids",
-        "sequence_length",
-        "generation_logits",
-        "acceptance_rate",
-        "total_accepted_draft_tokens",
-        "total_draft_tokens",
-    ]
-)
-# Flags as read in the pinned sources (module docstring); tests check every command against them.
-TRTLLM_BUILD_FLAGS = frozenset(
-    [
-        "--checkpoint_dir",
-        "--output_dir",
-        "--max_batch_size",
-        "--max_input_len",
-        "--max_seq_len",
-        "--max_num_tokens",
-        "--gemm_plugin",
-        "--kv_cache_type",
-        "--use_paged_context_fmha",
-        "--speculative_decoding_mode",
-        "--max_draft_len",
-        "--gather_generation_logits",
-        "--workers",
-    ]
-)
-SPECULATIVE_DECODING_MODES = frozenset(
-    ["draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"]
-)
-DECODING_MODES = frozenset(
-    ["top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle"]
-)
-CONVERT_FLAGS = {
-    "models/core/llama/convert_checkpoint.py": frozenset(
-        ["--model_dir", "--output_dir", "--dtype", "--tp_size", "--pp_size", "--workers"]
-    ),
-    "medusa/convert_checkpoint.py": frozenset(
-        [
-            "--model_dir",
-            "--output_dir",
-            "--dtype",
-            "--tp_size",
-            "--pp_size",
-            "--workers",
-            "--medusa_model_dir",
-            "--num_medusa_heads",
-            "--num_medusa_layers",
-            "--max_medusa_token_len",
-        ]
-    ),
-    "redrafter/convert_checkpoint.py": frozenset(
-        [
-            "--model_dir",
-            "--output_dir",
-            "--dtype",
-            "--tp_size",
-            "--workers",
-            "--drafter_model_dir",
-            "--redrafter_num_beams",
-            "--redrafter_draft_len_per_beam",
-        ]
-    ),
-}
-TRITON_PARAMETERS = frozenset(
-    [
-        "FORCE_CPU_ONLY_INPUT_TENSORS",
-        "gpt_model_type",
-        "gpt_model_path",
-        "max_beam_width",
-        "kv_cache_free_gpu_mem_fraction",
-        "enable_kv_cache_reuse",
-        "exclude_input_in_output",
-        "gpu_device_ids",
-        "executor_worker_path",
-        "decoding_mode",
-        "medusa_choices",
-        "lookahead_window_size",
-        "lookahead_ngram_size",
-        "lookahead_verification_set_size",
-    ]
-)
-
-# mode -> (conversion script under examples/, trtllm-build --speculative_decoding_mode, Triton decoding_mode)
-MODES: dict[str, tuple[str | None, str | None, str | None]] = {
-    "draft_target": ("models/core/llama/convert_checkpoint.py", "draft_tokens_external", None),
-    "ngram": ("models/core/llama/convert_checkpoint.py", "draft_tokens_external", None),
-    "medusa": ("medusa/convert_checkpoint.py", "medusa", "medusa"),
-    "lookahead": ("models/core/llama/convert_checkpoint.py", "lookahead_decoding", "lookahead"),
-    "redrafter": ("redrafter/convert_checkpoint.py", "explicit_draft_tokens", "redrafter"),
-    "eagle3": (None, None, None),  # PyTorch backend through the LLM API: no engine build
-}
-DRAFT_SCRIPT = "models/core/llama/convert_checkpoint.py"
+LOGITS_DTYPE = "float32"  # trtllm-build --logits_dtype where logits leave an engine; the configs declare TYPE_FP32
 
 
 class BuildError(RuntimeError):
@@ -239,37 +76,58 @@ def examples_dir() -> Path:
 
 
 # --- the build plan -----------------------------------------------------------------------------------
-def convert_argv(profile: Profile, role: str) -> tuple[str, ...]:
+def _converter(script: str, model: str, output: Path, dtype: str, tp_size: int, pp_size: int | None) -> list[str]:
+    """A convert_checkpoint.py command's common part; pp_size None for a converter without --pp_size."""
+    source = "--base_model_checkpoint_dir" if script == REDRAFTER_CONVERTER else "--model_dir"
+    argv = [
+        "python3", str(examples_dir() / script), source, model, "--output_dir", str(output),
+        "--dtype", dtype, "--tp_size", str(tp_size),
+    ]  # fmt: skip
+    return argv if pp_size is None else [*argv, "--pp_size", str(pp_size)]
+
+
+def convert_steps(profile: Profile, role: str) -> list[Step]:
+    """The conversion of one engine's checkpoint: the Llama converter, or the mode's. ReDrafter's
+    converter (TensorRT-LLM 1.0) takes the base model already converted, so it is two steps."""
     trt = _trt(profile)
     placement = trt.target if role == "target" else trt.draft
     source = profile.target if role == "target" else profile.draft
     assert placement is not None and source is not None and source.hf_dir
-    script = MODES[trt.mode][0] if role == "target" else DRAFT_SCRIPT
-    assert script is not None
-    argv = [
-        "python3", str(examples_dir() / script),
-        "--model_dir", source.hf_dir,
-        "--output_dir", str(checkpoint_dir(profile, role)),
-        "--dtype", profile.engine.dtype,
-        "--tp_size", str(placement.tp_size),
-    ]  # fmt: skip
-    if trt.mode != "redrafter":  # its converter has no --pp_size (pipeline parallelism unsupported)
-        argv += ["--pp_size", str(placement.pp_size)]
-    if role == "target" and trt.medusa is not None:
+    dtype, tp, pp, workers = profile.engine.dtype, placement.tp_size, placement.pp_size, placement.tp_size * placement.pp_size
+    out = checkpoint_dir(profile, role)
+    script = (MODES[trt.mode].converter if role == "target" else None) or LLAMA_CONVERTER
+    if script == REDRAFTER_CONVERTER:
+        assert trt.redrafter is not None
+        base = checkpoint_dir(profile, f"{role}-base")
+        base_argv = [*_converter(LLAMA_CONVERTER, source.hf_dir, base, dtype, tp, pp), "--workers", str(workers)]
+        argv = _converter(REDRAFTER_CONVERTER, str(base), out, dtype, tp, None) + [
+            "--drafter_model_dir", _weights(trt.redrafter.drafter),
+            "--redrafter_num_beams", str(trt.redrafter.num_beams),
+            "--redrafter_draft_len_per_beam", str(trt.redrafter.draft_len_per_beam),
+            "--workers", str(workers),
+        ]  # fmt: skip
+        return [
+            Step(f"convert {role} base checkpoint", tuple(base_argv), base),
+            Step(f"convert {role} checkpoint", tuple(argv), out),
+        ]
+    argv = _converter(script, source.hf_dir, out, dtype, tp, pp)
+    if script == upstream.MEDUSA_CONVERTER:
+        assert trt.medusa is not None
         argv += [
             "--medusa_model_dir", _weights(trt.medusa.heads),
             "--num_medusa_heads", str(trt.medusa.num_heads),
             "--num_medusa_layers", str(trt.medusa.num_layers),
             "--max_medusa_token_len", str(trt.max_draft_len),
         ]  # fmt: skip
-    if role == "target" and trt.redrafter is not None:
-        argv += [
-            "--drafter_model_dir", _weights(trt.redrafter.drafter),
-            "--redrafter_num_beams", str(trt.redrafter.num_beams),
-            "--redrafter_draft_len_per_beam", str(trt.redrafter.draft_len_per_beam),
-        ]  # fmt: skip
-    argv += ["--workers", str(placement.tp_size * placement.pp_size)]
-    return tuple(argv)
+    argv += ["--workers", str(workers)]
+    return [Step(f"convert {role} checkpoint", tuple(argv), out)]
+
+
+def logits_leave(profile: Profile) -> bool:
+    """Whether generation logits travel between this profile's engines: the draft's, verified
+    against by the target (draft-target with draft_logits)."""
+    trt = _trt(profile)
+    return trt.mode == "draft_target" and trt.draft_logits
 
 
 def build_argv(profile: Profile, role: str) -> tuple[str, ...]:
@@ -288,13 +146,17 @@ def build_argv(profile: Profile, role: str) -> tuple[str, ...]:
         "--kv_cache_type", "paged",
         "--use_paged_context_fmha", "enable" if trt.paged_context_fmha else "disable",
     ]  # fmt: skip
-    spec_mode = MODES[trt.mode][1]
+    spec_mode = MODES[trt.mode].build_mode
     if role == "target" and spec_mode is not None:
         argv += ["--speculative_decoding_mode", spec_mode]
         if trt.max_draft_len:  # ReDrafter sizes its drafts at conversion
             argv += ["--max_draft_len", str(trt.max_draft_len)]
-    if role == "draft" and trt.draft_logits:
-        argv.append("--gather_generation_logits")  # draft logits for exact sampled verification
+    if logits_leave(profile):
+        # the draft returns its logits for exact sampled verification (its config declares them
+        # FP32, and the backend fails a response whose logits have another dtype)
+        if role == "draft":
+            argv.append("--gather_generation_logits")
+        argv += ["--logits_dtype", LOGITS_DTYPE]
     argv += ["--workers", str(placement.tp_size * placement.pp_size)]
     return tuple(argv)
 
@@ -302,12 +164,12 @@ def build_argv(profile: Profile, role: str) -> tuple[str, ...]:
 def plan(profile: Profile) -> list[Step]:
     """Conversion and engine build for each engine of the profile, in order."""
     trt = _trt(profile)
-    if MODES[trt.mode][0] is None:
-        return []
+    if MODES[trt.mode].build_mode is None:
+        return []  # the LLM API loads the checkpoints itself
     roles = ["target"] + (["draft"] if trt.draft is not None else [])
     steps = []
     for role in roles:
-        steps.append(Step(f"convert {role} checkpoint", convert_argv(profile, role), checkpoint_dir(profile, role)))
+        steps += convert_steps(profile, role)
         steps.append(Step(f"build {role} engine", build_argv(profile, role), engine_dir(profile, role)))
     return steps
 
@@ -343,13 +205,33 @@ def file_problems(profile: Profile) -> list[str]:
         mismatch = vocabulary_mismatch(Path(_weights(profile.target)), Path(_weights(profile.draft)))
         if mismatch:
             problems.append(f"draft: cannot draft for this target, {mismatch}: pick a draft of the same model family")
-    scripts = {MODES[_trt(profile).mode][0]} | ({DRAFT_SCRIPT} if profile.draft is not None else set())
-    for script in sorted(s for s in scripts if s):
+    if not problems:
+        problems += family_problems(profile)
+    scripts = {Path(step.argv[1]).relative_to(examples_dir()) for step in plan(profile) if step.argv[0] == "python3"}
+    for script in sorted(scripts):
         if not (examples_dir() / script).is_file():
             problems.append(
                 f"{examples_dir() / script} not found: set {EXAMPLES_ENV} to TensorRT-LLM v{TRTLLM_VERSION}'s examples/"
             )
     return problems
+
+
+def family_problems(profile: Profile) -> list[str]:
+    """Targets that TensorRT-LLM 1.0's converter for the mode would convert wrongly, or that
+    upstream does not support for it (upstream.CONVERTERS)."""
+    trt = _trt(profile)
+    if trt.mode != "medusa":
+        return []
+    config = json.loads((Path(_weights(profile.target)) / "config.json").read_text())
+    converter = CONVERTERS[upstream.MEDUSA_CONVERTER]
+    if config.get("rope_scaling") or config.get("model_type") != "llama":
+        return [
+            f"target.hf_dir: {profile.target.hf_dir} is a {config.get('model_type')} model with rope_scaling "
+            f"{config.get('rope_scaling')}: TensorRT-LLM {TRTLLM_VERSION}'s Medusa supports Vicuna (Llama) targets "
+            f"only ({converter.families_where}), and its converter keeps rope_scaling's type and drops its factor "
+            f"({converter.where}); serve Llama-3.x with EAGLE-3, draft-target, n-gram or lookahead instead"
+        ]
+    return []
 
 
 # --- running the plan ---------------------------------------------------------------------------
@@ -394,36 +276,34 @@ def build_engines(profile: Profile, dry_run: bool = False) -> None:
 
 
 # --- the Triton models --------------------------------------------------------------------------
-_TRITON_TYPES = {np.int32: "TYPE_INT32", np.float32: "TYPE_FP32", np.uint64: "TYPE_UINT64", np.bool_: "TYPE_BOOL"}
-# Shapes as the pinned config declares them; scalars are [1] reshaped to [] for the backend.
-_DIMS = {
-    "input_ids": "[ -1 ]",
-    "draft_input_ids": "[ -1 ]",
-    "draft_logits": "[ -1, -1 ]",
-    "output_ids": "[ -1, -1 ]",
-    "sequence_length": "[ -1 ]",
-    "generation_logits": "[ -1, -1, -1 ]",
-}
-_REQUIRED = ("input_ids", "input_lengths", "request_output_len")
+def engine_outputs(profile: Profile) -> list[str]:
+    """The outputs a tensorrt_llm model must declare: every output the backend can write into a
+    response to spec_decode's requests (upstream.outputs_written), which ask for the contract's
+    outputs and, for in-engine speculation, set return_perf_metrics."""
+    asked = [name for name in ENGINE_OUTPUTS if name in upstream.ENGINE_OUTPUTS]
+    written = upstream.outputs_written(asked, return_perf_metrics=not _trt(profile).external)
+    return [name for name in upstream.ENGINE_OUTPUTS if name in written]
 
 
-def _tensor(name: str, dtype: type, output: bool) -> str:
-    dims = _DIMS.get(name, "[ 1 ]")
-    line = f'{{ name: "{name}" data_type: {_TRITON_TYPES[dtype]} dims: {dims}'
+def _dtype(tensor: upstream.Tensor) -> str:
+    return "TYPE_FP32" if tensor.dtype == upstream.LOGITS_DATATYPE else tensor.dtype  # LOGITS_DTYPE's
+
+
+def _declaration(name: str, tensor: upstream.Tensor, output: bool) -> str:
+    """One tensor as upstream's tensorrt_llm/config.pbtxt declares it."""
+    line = f'{{ name: "{name}" data_type: {_dtype(tensor)} dims: [ {", ".join(map(str, tensor.dims))} ]'
     if not output:
-        if dims == "[ 1 ]":
-            line += " reshape: { shape: [ ] }"
-        if name not in _REQUIRED:
-            line += " optional: true"
-        if dims.startswith("[ -1"):
-            line += " allow_ragged_batch: true"
+        line += " reshape: { shape: [ ] }" if tensor.reshape else ""
+        line += " optional: true" if tensor.optional else ""
+        line += " allow_ragged_batch: true" if tensor.ragged else ""
     return line + " }"
 
 
-def io_block() -> str:
-    """The input/output declaration of an engine model, from the tensor contract."""
-    ins = ",\n  ".join(_tensor(n, t, False) for n, t in ENGINE_INPUTS.items())
-    outs = ",\n  ".join(_tensor(n, t, True) for n, t in ENGINE_OUTPUTS.items())
+def io_block(profile: Profile) -> str:
+    """The input/output declaration of an engine model: the inputs spec_decode sends and the
+    outputs their responses can carry, each declared as upstream declares it."""
+    ins = ",\n  ".join(_declaration(n, upstream.ENGINE_INPUTS[n], False) for n in ENGINE_INPUTS)
+    outs = ",\n  ".join(_declaration(n, upstream.ENGINE_OUTPUTS[n].declared, True) for n in engine_outputs(profile))
     return f"input [\n  {ins}\n]\noutput [\n  {outs}\n]"
 
 
@@ -438,12 +318,12 @@ def parameters_block(params: dict[str, str]) -> str:
 
 
 def triton_parameters(profile: Profile, role: str) -> dict[str, str]:
-    """The tensorrt_llm model's parameters for one engine (names: TRITON_PARAMETERS)."""
+    """The tensorrt_llm model's parameters for one engine (upstream.BACKEND_PARAMETERS): every
+    one the backend requires, and those the profile sets."""
     trt = _trt(profile)
     placement = trt.target if role == "target" else trt.draft
     assert placement is not None
     params = {
-        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": str(engine_dir(profile, role)),
         "max_beam_width": "1",
@@ -452,8 +332,12 @@ def triton_parameters(profile: Profile, role: str) -> dict[str, str]:
         "exclude_input_in_output": "true",
         "gpu_device_ids": ",".join(str(g) for g in placement.gpu_ids),
         "executor_worker_path": EXECUTOR_WORKER,
+        # read unguarded at load; empty: no guided decoding (the C++ runtime needs no tokenizer)
+        "tokenizer_dir": "",
+        "xgrammar_tokenizer_info_path": "",
+        "guided_decoding_backend": "",
     }
-    decoding_mode = MODES[trt.mode][2]
+    decoding_mode = MODES[trt.mode].decoding_mode
     if role == "target" and decoding_mode:
         params["decoding_mode"] = decoding_mode
     if role == "target" and trt.medusa is not None:
@@ -496,7 +380,7 @@ def engine_models(profile: Profile) -> dict[str, tuple[Path, dict[str, object]]]
         "max_batch_size": profile.engine.max_batch_size,
         "max_queue_delay_us": profile.engine.max_queue_delay_us,
         "max_queue_size": profile.server.max_queue + profile.server.max_inflight,
-        "io": io_block(),
+        "io": io_block(profile),
     }
     if trt.mode == "eagle3":
         options = json.dumps(llm_options(profile))

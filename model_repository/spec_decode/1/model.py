@@ -14,16 +14,17 @@ from specdec.admission import Overloaded
 from specdec.config import load_profile
 from specdec.engine.model import LlamaConfig
 from specdec.loop import AcceptanceStats
-from specdec.passthrough import PassthroughService, drafts_in_engine
+from specdec.passthrough import PassthroughService, decoupled_engines, drafts_in_engine
 from specdec.spec_decode import EngineError, SpecDecodeService
 from specdec.triton_io import InvalidInput, parse_spec_decode, request_inputs, spec_decode_outputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def prepare_call(model, inputs, outputs, request_id):
+def prepare_call(model, inputs, outputs, request_id, decoupled=False):
     """A BLS call to an engine model, built (~60 us); the send() it returns hands it to a thread
-    (async_exec(), ~20 us) and gives the awaitable of its outputs."""
+    (async_exec(), ~20 us) and gives the awaitable of its outputs. A decoupled engine (the LLM
+    API's) answers with one response that carries outputs and a final flag, maybe in a last one."""
     request = pb_utils.InferenceRequest(
         model_name=model,
         inputs=[pb_utils.Tensor(name, arr) for name, arr in inputs.items()],
@@ -31,12 +32,24 @@ def prepare_call(model, inputs, outputs, request_id):
         request_id=request_id,
     )
 
-    async def outputs_of(pending_response):
-        response = await pending_response
+    def outputs_of_response(response):
         if response.has_error():
             raise EngineError(f"{model}: {response.error().message()}")
         return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
 
+    async def outputs_of(pending_response):
+        return outputs_of_response(await pending_response)
+
+    async def outputs_of_stream(pending_responses):
+        # the responses after the first are waited for by iterating: in a thread, not on the loop
+        responses = await asyncio.get_running_loop().run_in_executor(None, list, await pending_responses)
+        answered = [outputs_of_response(r) for r in responses if r.has_error() or r.output_tensors()]
+        if not answered:
+            raise EngineError(f"{model}: no response")
+        return answered[0]
+
+    if decoupled:
+        return lambda: outputs_of_stream(request.async_exec(decoupled=True))
     return lambda: outputs_of(request.async_exec())
 
 
@@ -181,9 +194,10 @@ class TritonPythonModel:
         self.vocab_size = LlamaConfig.from_dir(self.profile.model_dir("target")).vocab_size
         # In-engine speculation (TensorRT-LLM EAGLE-3, Medusa, ...): pass through to the target.
         service = PassthroughService if drafts_in_engine(self.profile) else SpecDecodeService
+        decoupled = decoupled_engines(self.profile)
         self.service = service(
             self.profile,
-            prepare_call,
+            lambda model, *args: prepare_call(model, *args, decoupled=model in decoupled),
             TritonMetrics(config["name"]),
             target_model=params["target_model"],
             draft_model=params["draft_model"] or None,

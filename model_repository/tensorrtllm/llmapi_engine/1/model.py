@@ -1,5 +1,9 @@
-"""Triton adapter: the engine tensor contract <-> specdec.llmapi_engine (EAGLE-3, LLM API)."""
+"""Triton adapter: the engine tensor contract <-> specdec.llmapi_engine (EAGLE-3, LLM API).
 
+Decoupled, with an async execute: each request is answered (one response, FINAL) when its
+generation ends, while the LLM generates every request it holds in flight."""
+
+import asyncio
 import json
 
 import triton_python_backend_utils as pb_utils
@@ -7,35 +11,39 @@ import triton_python_backend_utils as pb_utils
 from specdec.llmapi_engine import LlmApiEngine, check_request
 from specdec.triton_io import InvalidInput, empty_engine_outputs, engine_outputs, parse_engine_request, request_inputs
 
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
-def _response(arrays):
-    return pb_utils.InferenceResponse([pb_utils.Tensor(name, arr) for name, arr in arrays.items()])
+
+def _response(arrays, requested):
+    return pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in arrays.items() if n in requested])
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
 class TritonPythonModel:
     def initialize(self, args):
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
-        self.engine = LlmApiEngine.create(json.loads(params["llm_options"]))
+        self.engine = LlmApiEngine.create(json.loads(params["llm_options"]), warn=pb_utils.Logger.log_warn)
 
-    def execute(self, requests):
-        responses = [None] * len(requests)
-        batch, where = [], []
-        for i, request in enumerate(requests):
-            try:
-                parsed = parse_engine_request(request_inputs(request), request.request_id())
-                if parsed is not None:
-                    check_request(parsed)
-            except InvalidInput as err:
-                responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)
-                )
-                continue
+    async def execute(self, requests):
+        await asyncio.gather(*(self._serve(request) for request in requests))
+
+    async def _serve(self, request):
+        sender = request.get_response_sender()
+        requested = set(request.requested_output_names())
+        try:
+            parsed = parse_engine_request(request_inputs(request), request.request_id())
             if parsed is None:  # stop: every call is a finished request, nothing to release
-                responses[i] = _response(empty_engine_outputs())
-                continue
-            batch.append(parsed)
-            where.append(i)
-        results = self.engine.generate(batch) if batch else []
-        for i, req, result in zip(where, batch, results, strict=True):
-            responses[i] = _response(engine_outputs(result, req, exclude_input=True))
-        return responses
+                sender.send(_response(empty_engine_outputs(), requested), flags=FINAL)
+                return
+            result = await self.engine.generate(check_request(parsed))
+            sender.send(_response(engine_outputs(result, parsed, exclude_input=True), requested), flags=FINAL)
+        except InvalidInput as err:
+            sender.send(_error(str(err), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
+        except Exception as err:  # the engine failed this request: say so, the others go on
+            sender.send(_error(f"{type(err).__name__}: {err}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+
+    def finalize(self):
+        self.engine.close()
