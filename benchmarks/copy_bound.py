@@ -44,10 +44,11 @@ from specdec.client.machine import describe, summary_line
 from specdec.client.workloads import WorkloadOptions, load_workload
 from specdec.config import load_profile
 from specdec.engine.engine import Engine, GenerationRequest
+from specdec.engine.verify import accepted_length
 from specdec.progress import console, progress_bar
-from specdec.proposers import NgramProposer, PhraseIndex, PromptLookup
+from specdec.speculation.lookup import NgramProposer, PromptLookup
+from specdec.speculation.phrases import PhraseIndex
 from specdec.tokenizer import TextTokenizer
-from specdec.verify import accepted_length
 
 MAX_K = 16
 # propose(context, continuation, k) -> drafts verified together, as the paths of a tree of at

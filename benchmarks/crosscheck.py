@@ -21,7 +21,7 @@ from pathlib import Path
 from specdec.build import build
 from specdec.cli import main as specdec
 from specdec.config import load_profile
-from specdec.serve import Ports, TritonServer
+from specdec.triton.serve import Ports, TritonServer
 
 ARMS = {"baseline": {"num_draft_tokens": 0, "draft_method": "none"}, "ngram:5": {"num_draft_tokens": 5,
                                                                                "draft_method": "ngram"}}  # fmt: skip

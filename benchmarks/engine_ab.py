@@ -102,11 +102,11 @@ def layer_attention(model, cache, length: int):
     """run(tokens, positions, slots, logit_rows=None) -> the first layer's attention over the
     cache for len(tokens) rows of seeded random queries (amx.attention: the AMX engine's)."""
     from specdec.engine import amx
-    from specdec.engine.ops import CpuBf16Ops, _numpy
+    from specdec.engine.ops import CpuBf16Ops, as_numpy
 
     if not isinstance(model.ops, CpuBf16Ops):
         raise SystemExit(f"--attention: the AMX engine's attention; this engine's ops are {type(model.ops).__name__}")
-    keys, values = _numpy(cache.k)[0], _numpy(cache.v)[0]
+    keys, values = as_numpy(cache.k)[0], as_numpy(cache.v)[0]
     heads, head_dim = model.cfg.num_attention_heads, model.cfg.head_dim
     queries = np.random.default_rng(0).standard_normal((length, heads, head_dim), dtype=np.float32)
 

@@ -38,10 +38,10 @@ from specdec.build.random_weights import SMOLLM2_SHAPE, write_random_llama
 from specdec.client.machine import describe
 from specdec.config import parse_profile
 from specdec.engine.engine import Engine
-from specdec.loop import RequestSpec
-from specdec.sampling import SamplingParams
-from specdec.spec_decode import SpecDecodeService, local_call
-from specdec.triton_io import SpecDecodeRequest
+from specdec.engine.sampling import SamplingParams
+from specdec.speculation.loop import RequestSpec
+from specdec.triton.service import SpecDecodeService, local_call
+from specdec.triton.tensors import SpecDecodeRequest
 
 QUICK_SHAPE = {**SMOLLM2_SHAPE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512}  # fmt: skip

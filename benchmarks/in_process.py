@@ -27,18 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.build import build
-from specdec.build.render import engine_options
+from specdec.build.repository import engine_options
 from specdec.client.machine import describe, summary_line
 from specdec.client.workloads import from_jsonl
 from specdec.config import Profile, load_profile
-from specdec.controller import ForwardCost, calibration_path
 from specdec.engine.engine import Engine
-from specdec.loop import RequestSpec
+from specdec.engine.sampling import SamplingParams
 from specdec.progress import console
-from specdec.sampling import SamplingParams
-from specdec.spec_decode import SpecDecodeService, local_call
+from specdec.speculation.controller import ForwardCost, calibration_path
+from specdec.speculation.loop import RequestSpec
 from specdec.tokenizer import TextTokenizer
-from specdec.triton_io import SpecDecodeRequest
+from specdec.triton.service import SpecDecodeService, local_call
+from specdec.triton.tensors import SpecDecodeRequest
 
 ARMS = ("none", "ngram")  # the baseline and prompt lookup with up to max_draft_tokens drafts
 

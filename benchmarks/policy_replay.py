@@ -7,7 +7,7 @@ Generates each prompt's greedy output with the engine the server runs
 point of the output), then replays each workload's requests one after another (one user) as
 spec_decode runs them: prompt lookup led by the profile's phrase index and the engine's guesses
 (PromptLookup), the draft length of each round chosen by the adaptive controller
-(specdec/controller.py, the profile's options), which learns from each round's acceptance and
+(specdec/speculation/controller.py, the profile's options), which learns from each round's acceptance and
 cost and asks for a guess only where it would draft from one. Greedy verification accepts
 exactly the common prefix of a draft and the output, so no forward runs again. Each round is
 priced as the engine's forward over its rows (measured here), plus the guess where one was asked
@@ -35,14 +35,16 @@ from pydantic import ValidationError
 from specdec.build import build
 from specdec.client.machine import describe, summary_line
 from specdec.config import AdaptiveOptions, load_profile
-from specdec.controller import Controller, ForwardCost
 from specdec.engine.engine import Engine
+from specdec.engine.verify import accepted_length
 from specdec.progress import console
-from specdec.proposers import GUESSED, NgramProposer, Opening, PhraseIndex, PromptLookup
+from specdec.speculation.controller import Controller, ForwardCost
+from specdec.speculation.lookup import Lead, NgramProposer, PromptLookup
+from specdec.speculation.opening import Opening
+from specdec.speculation.phrases import PhraseIndex
 from specdec.tokenizer import TextTokenizer
-from specdec.verify import accepted_length
 
-# evidence -> the most a draft from it may take (GUESSED: led by the guess; n: lookup matched n tokens)
+# evidence -> the most a draft from it may take (Lead.GUESS: led by the guess; n: lookup matched n tokens)
 Caps = dict[int, int]
 
 
@@ -90,7 +92,7 @@ def replay(samples: list[Sample], options: AdaptiveOptions, ngram: NgramProposer
                 k = min(caps.get(evidence, longest), budget) if evidence else 0
             draft = lookup.draft(tokens, k) if k > 0 else []
             accepted = accepted_length(draft, out[done:].tolist())
-            asked = controller.would_draft(key, GUESSED)
+            asked = controller.would_draft(key, Lead.GUESS)
             tokens += out[done : done + accepted + 1].tolist()
             done += accepted + 1
             lookup.heard(len(tokens), sample.guesses[len(tokens)] if asked else [])
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
               ) -> tuple[float, float]:  # fmt: skip
         return replay(samples, options, ngram, longest, step, guess_s, args.overhead_ms / 1e3, caps, phrases, opening)
 
-    grid = [{GUESSED: g, 1: one} for g, one in itertools.product((1, 2, 3, 4, 6, longest), (4, 8, longest))]
+    grid = [{Lead.GUESS: g, 1: one} for g, one in itertools.product((1, 2, 3, 4, 6, longest), (4, 8, longest))]
     console.print(f"Machine: {summary_line(describe())}. Forward ms: 1 row {step[1] * 1e3:.1f}, {longest + 1} "
                   f"rows {step[longest + 1] * 1e3:.1f}; the guess {guess_s * 1e3:.2f} ms; a served round's overhead "
                   f"{args.overhead_ms:.1f} ms.\n")  # fmt: skip
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         served, fixed = price(samples, None), price(samples, {})
         best_caps = max(grid, key=lambda caps: price(samples, caps)[0])
         best = price(samples, best_caps)
-        named = ", ".join(f"{'guess-led' if e == GUESSED else f'{e}-token match'} {c}" for e, c in best_caps.items())
+        named = ", ".join(f"{'guess-led' if e == Lead.GUESS else f'{e}-token match'} {c}" for e, c in best_caps.items())
         lines += [
             f"| {workload} | the controller (served) | {served[0]:.3f}x | {served[1]:.2f} |",
             f"| | drafts of up to {longest} | {fixed[0]:.3f}x | {fixed[1]:.2f} |",

@@ -37,8 +37,8 @@ from specdec.client.peer import compare, summary_markdown
 from specdec.client.workloads import chat, grounded, interleave
 from specdec.config import load_profile
 from specdec.progress import console, progress_bar
-from specdec.serve import Ports, TritonServer
 from specdec.tokenizer import TextTokenizer
+from specdec.triton.serve import Ports, TritonServer
 
 
 def condensed_table(summary_csv: Path) -> str:

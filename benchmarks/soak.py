@@ -23,12 +23,12 @@ from pathlib import Path
 
 from rich.table import Table
 
-from specdec.client.client import GenerationParams, TritonClient, within
+from specdec.client.client import RequestParams, TritonClient, within
 from specdec.client.server_stats import find_listening_pid, memory_snapshot, scrape, total
 from specdec.config import load_profile
 from specdec.progress import console, progress_bar
-from specdec.serve import embedded_server
 from specdec.tokenizer import TextTokenizer
+from specdec.triton.serve import embedded_server
 
 REQUEST_DEADLINE_S = 120  # each takes a few seconds at most here
 
@@ -41,12 +41,12 @@ PROMPTS = [
 ]
 
 
-def request_mix(i: int, rng: random.Random) -> tuple[str, GenerationParams, str, str]:
+def request_mix(i: int, rng: random.Random) -> tuple[str, RequestParams, str, str]:
     """The i-th request: its prompt, parameters, kind (what the outcome should be) and route
     (text through the ensemble, or token ids to spec_decode)."""
     prompt = PROMPTS[i % len(PROMPTS)]
     method = rng.choice(["ngram", "draft_model", "none"])
-    params = GenerationParams(max_tokens=rng.randint(4, 48), draft_method=method, num_draft_tokens=rng.randint(0, 8))
+    params = RequestParams(max_tokens=rng.randint(4, 48), draft_method=method, num_draft_tokens=rng.randint(0, 8))
     kind = rng.choices(["greedy", "sampled", "cancelled", "bad"], weights=[5, 3, 1, 1])[0]
     if kind == "sampled":
         params.temperature, params.top_p, params.seed = 0.8, 0.95, rng.randrange(2**32)
@@ -73,7 +73,7 @@ async def soak(
     gate = asyncio.Semaphore(concurrency)
     async with TritonClient(url) as client:
 
-        async def one(prompt: str, params: GenerationParams, kind: str, route: str) -> None:
+        async def one(prompt: str, params: RequestParams, kind: str, route: str) -> None:
             nonlocal done
             async with gate:
                 if time.monotonic() > deadline:

@@ -57,7 +57,7 @@ from specdec.config import load_profile
 from specdec.engine.engine import Engine
 from specdec.engine.model import resolve_dtype
 from specdec.progress import console
-from specdec.serve import Ports, TritonServer
+from specdec.triton.serve import Ports, TritonServer
 
 SAME_AS_BASELINE = Arm("ngram", 0)
 CONCURRENCY = (1, 2, 4, 8, 16, 32)

@@ -64,7 +64,7 @@ def cmd_train_guess_head(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.build import build
-    from specdec.serve import Ports, ServerError, TritonServer, supervise
+    from specdec.triton.serve import Ports, ServerError, TritonServer, supervise
 
     profile = load_profile(args.profile)
     s = profile.server
@@ -100,9 +100,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _params(args: argparse.Namespace):
-    from specdec.client.client import GenerationParams
+    from specdec.client.client import RequestParams
 
-    return GenerationParams(
+    return RequestParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -117,7 +117,7 @@ def _params(args: argparse.Namespace):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.client.client import TritonClient
-    from specdec.serve import embedded_server
+    from specdec.triton.serve import embedded_server
 
     profile = load_profile(args.profile)
 
@@ -149,7 +149,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from specdec.demo import run_demo
+    from specdec.client.demo import run_demo
 
     return run_demo(load_profile(args.profile), url=args.url, max_tokens=args.max_tokens)
 

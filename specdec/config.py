@@ -205,7 +205,7 @@ class TrtllmOptions(_Strict):
 
 
 # How far below its guess's score (in logits) the guess head still finds a token plausible
-# (specdec/engine/guess.py, specdec/proposers.py). The built-in grounded prompts' greedy outputs
+# (specdec/engine/guess.py, specdec/speculation/lookup.py). The built-in grounded prompts' greedy outputs
 # replayed (benchmarks/copy_bound.py's way, drafts of 15), tokens a round at margins 0, 1, 2, 3,
 # 4, 6, 8: 2.99, 3.02, 3.04, 3.08, 3.09, 3.09, 3.07 (held out: 2.91, 2.94, 2.98, 3.00, 3.00,
 # 2.99, 2.98).
@@ -245,7 +245,7 @@ class NgramOptions(_Strict):
 
 
 class AdaptiveOptions(_Strict):
-    """How the draft length follows acceptance and load (see specdec/controller.py)."""
+    """How the draft length follows acceptance and load (see specdec/speculation/controller.py)."""
 
     enabled: bool = Field(True, description="false: every request drafts exactly its num_draft_tokens")
     ema_alpha: Annotated[float, Field(gt=0, le=1)] = Field(
@@ -290,8 +290,9 @@ class ServerOptions(_Strict):
     max_queue: Annotated[int, Field(ge=0)] = 256
     batch_wait_ms: Annotated[float, Field(ge=0, le=1000)] = Field(
         5.0,
-        description="how long a request's target call may wait, the engine idle, for the other requests in flight "
-        "to have theirs ready, so that one forward serves them all (specdec/lockstep.py); 0: calls go at once",
+        description="how long a request's target call may wait, the engine idle, for the other requests in "
+        "flight to have theirs ready, so that one forward serves them all (specdec/speculation/lockstep.py); "
+        "0: calls go at once",
     )
     max_prompt_bytes: Annotated[int, Field(ge=1)] = 65536
     max_tokens_limit: Annotated[int, Field(ge=1)] = 4096

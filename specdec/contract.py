@@ -45,7 +45,7 @@ GUESS_INPUT, GUESS_OUTPUT = "return_next_guess", "next_guesses"
 CACHE_SALT_INPUT = "cache_salt"
 MAX_CACHE_SALT_BYTES = 256
 # A call may carry several sequences, a row each (spec_decode sends the calls of a round in step
-# as one, specdec/lockstep.py): each row names its sequence (a call of one row without it: the
+# as one, specdec/speculation/lockstep.py): each row names its sequence (a call of one row without it: the
 # request id), drafts end at their first -1, and the answer's rows are padded with -1 (output_ids
 # up to sequence_length) and carry each row's error message ("": none) instead of failing the call.
 SEQUENCE_KEY_INPUT, ROW_ERRORS_OUTPUT = "sequence_key", "row_errors"

@@ -12,7 +12,7 @@ def build(profile: Profile, dry_run: bool = False, render_only: bool = False, ou
     dry_run, print what would run (for TensorRT-LLM: the exact commands) and write nothing. With
     render_only, write only the model repository, exactly as a build does (to output_dir, else
     the build's), converting and building nothing: what will be served, to read and diff."""
-    from specdec.build.render import render_repository
+    from specdec.build.repository import render_repository
 
     if render_only:
         return render_repository(profile, output_dir)

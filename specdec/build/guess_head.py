@@ -1,5 +1,5 @@
 """Train the target's guess head (specdec/engine/guess.py) on the target's own greedy outputs,
-and write those outputs as its phrase index (specdec/proposers.py's PhraseIndex).
+and write those outputs as its phrase index (specdec/speculation/lookup.py's PhraseIndex).
 
     specdec train-guess-head [--profile P] [--out FILE] [--phrases FILE]   (25-45 minutes on 2 cores)
 
@@ -27,11 +27,11 @@ import torch
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file
 
-from specdec.client.workloads import with_typos
+from specdec.texts import with_typos
 from specdec.config import Profile
 from specdec.engine.engine import Engine, GenerationRequest
 from specdec.progress import console, progress_bar
-from specdec.proposers import phrase_tokens
+from specdec.speculation.phrases import phrase_tokens
 from specdec.tokenizer import TextTokenizer
 
 TOPICS = [

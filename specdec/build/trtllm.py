@@ -350,7 +350,7 @@ def triton_parameters(profile: Profile, role: str) -> dict[str, str]:
 
 
 def llm_options(profile: Profile) -> dict:
-    """Keyword arguments for the LLM API engine (EAGLE-3), see specdec/llmapi_engine.py."""
+    """Keyword arguments for the LLM API engine (EAGLE-3), see specdec/triton/llmapi.py."""
     trt = _trt(profile)
     assert trt.eagle3 is not None
     return {

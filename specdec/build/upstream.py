@@ -3,7 +3,7 @@ Triton, each fact with the upstream file, ref and lines it was read from.
 
 Facts only, read from upstream's own sources (never from memory); no upstream code is copied.
 Rendering (specdec/build/trtllm.py), validation, the CPU stand-in for the tensorrtllm backend
-(specdec/trtllm_standin.py) and the conformance tests read this record, so that a test compares
+(specdec/triton/standin.py) and the conformance tests read this record, so that a test compares
 the bundle with upstream, not with the bundle's own lists.
 
 The pinned release is TensorRT-LLM 1.0.0, commit ae8270b713446948246f16fadf4e2a32e35d0f62, in

@@ -4,7 +4,7 @@ Every prompt runs with speculation off (the baseline: draft_method none) and wit
 and draft length through spec_decode with token ids (no tokenizer between us and the tokens):
 greedy, or sampled with a seed per prompt (`Sampled`), which a deterministic proposer (prompt
 lookup) must reproduce too: a draft token is accepted only where it is the token plain sampling
-draws with that seed (specdec/verify.py). A draft model's sampled drafts are verified by
+draws with that seed (specdec/engine/verify.py). A draft model's sampled drafts are verified by
 rejection sampling, exact in distribution only, so a sampled check takes prompt lookup alone.
 All the requests of a check are in flight together, `concurrency` at a time and mixed across
 arms, so exactness is checked under batching too. Any prompt whose tokens differ from the
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from specdec.client.client import GenerationParams, Record
+from specdec.client.client import Record, RequestParams
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class CheckReport:
 
 
 class IdsClient(Protocol):
-    async def generate_ids(self, input_ids: list[int], params: GenerationParams, stream: bool = True) -> Record: ...
+    async def generate_ids(self, input_ids: list[int], params: RequestParams, stream: bool = True) -> Record: ...
 
 
 def first_difference(expected: Sequence[int], got: Sequence[int]) -> int | None:
@@ -117,7 +117,7 @@ async def run_check(
     gate = asyncio.Semaphore(concurrency)
 
     async def one(prompt: int, arm: CheckArm) -> Record:
-        params = GenerationParams(
+        params = RequestParams(
             max_tokens=max_tokens, num_draft_tokens=arm.num_draft_tokens, draft_method=arm.proposer, end_id=end_id
         )
         if sampled is not None:

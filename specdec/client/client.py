@@ -24,7 +24,7 @@ TOTALS = ("total_draft_tokens", "total_accepted_draft_tokens", "total_draft_roun
 
 
 @dataclass
-class GenerationParams:
+class RequestParams:
     max_tokens: int = 64
     temperature: float | None = None
     top_k: int | None = None
@@ -177,7 +177,7 @@ class TritonClient:
     async def generate(
         self,
         prompt: str,
-        params: GenerationParams,
+        params: RequestParams,
         stream: bool = True,
         on_chunk: Callable[[str], None] | None = None,
         cancel_after: int | None = None,
@@ -201,7 +201,7 @@ class TritonClient:
         return record
 
     async def generate_ids(
-        self, input_ids: list[int], params: GenerationParams, stream: bool = True, cancel_after: int | None = None
+        self, input_ids: list[int], params: RequestParams, stream: bool = True, cancel_after: int | None = None
     ) -> Record:
         """Token ids through spec_decode directly (no tokenizer in the way)."""
         values = {"input_ids": list(input_ids), "stream": stream, **params.tensors()}
@@ -222,7 +222,7 @@ class TritonClient:
         return record
 
 
-async def http_generate(url: str, prompt: str, params: GenerationParams, stream: bool = False) -> Record:
+async def http_generate(url: str, prompt: str, params: RequestParams, stream: bool = False) -> Record:
     """The ensemble over HTTP: POST .../generate (one JSON answer) or .../generate_stream (SSE)."""
     import aiohttp
 

@@ -19,8 +19,8 @@ from specdec.client.server_stats import find_listening_pid
 from specdec.client.workloads import Prompt, WorkloadOptions, load_workload
 from specdec.config import Profile
 from specdec.progress import console, progress_bar
-from specdec.serve import embedded_server
 from specdec.tokenizer import TextTokenizer
+from specdec.triton.serve import embedded_server
 
 
 @dataclass(frozen=True)

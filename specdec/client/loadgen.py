@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from specdec.client.client import GenerationParams, Record, TritonClient, http_generate, within
+from specdec.client.client import Record, RequestParams, TritonClient, http_generate, within
 from specdec.client.metrics import SLO, ArmSummary, busy_seconds, summarize
 from specdec.client.server_stats import (
     MemorySampler,
@@ -64,8 +64,8 @@ class Arm:
 
     def params(
         self, prompt: Prompt, temperature: float | None, top_p: float | None, seed: int | None, salt: str
-    ) -> GenerationParams:
-        return GenerationParams(
+    ) -> RequestParams:
+        return RequestParams(
             max_tokens=prompt.max_tokens,
             temperature=temperature,
             top_p=top_p,
@@ -261,7 +261,7 @@ async def open_loop(
     await asyncio.gather(*tasks)
 
 
-Send = Callable[[Prompt, GenerationParams], Awaitable[Record]]
+Send = Callable[[Prompt, RequestParams], Awaitable[Record]]
 
 
 def level_summaries(level: LevelResult, arms: Iterable[Arm], slo: SLO) -> dict[str, ArmSummary]:
@@ -327,7 +327,7 @@ class LoadGenerator:
         cfg = self.config
         client = TritonClient(self.url) if cfg.transport == "grpc" else None
 
-        async def send(prompt: Prompt, params: GenerationParams) -> Record:
+        async def send(prompt: Prompt, params: RequestParams) -> Record:
             if client is not None:
                 return await client.generate(prompt.text, params, stream=cfg.stream)
             return await http_generate(self.url, prompt.text, params, stream=cfg.stream)
@@ -345,7 +345,7 @@ class LoadGenerator:
         server = {"url": self.url, "transport": cfg.transport, "pid": self.server_pid, "metrics_url": self.metrics_url}
         return BenchResult(cfg, self.prompts, levels, server, self.started)
 
-    async def _timed(self, send: Send, prompt: Prompt, params: GenerationParams) -> Record:
+    async def _timed(self, send: Send, prompt: Prompt, params: RequestParams) -> Record:
         return await within(send(prompt, params), self.config.request_timeout)
 
     def _seed(self, prompt: int) -> int | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.client.client import GenerationParams, TritonClient
+from specdec.client.client import RequestParams, TritonClient
 from specdec.client.loadgen import BASELINE, Arm
 
 HF_GREEDY = "transformers greedy"
@@ -72,7 +72,7 @@ def served_name(arm: Arm) -> str:
 
 async def _served(url: str, arm: Arm, ids: list[int], max_tokens: int, eos: int) -> PeerRun:
     # each arm its own cache salt: none reuses the prompt another arm just left cached
-    params = GenerationParams(max_tokens=max_tokens, num_draft_tokens=arm.num_draft_tokens,
+    params = RequestParams(max_tokens=max_tokens, num_draft_tokens=arm.num_draft_tokens,
                               draft_method=arm.draft_method, end_id=eos, cache_salt=served_name(arm))  # fmt: skip
     async with TritonClient(url) as client:
         record = await client.generate_ids(ids, params, stream=False)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from specdec.client.texts import CHAT_QUESTIONS, PASSAGES, QUESTIONS, code_snippets
+from specdec.texts import CHAT_QUESTIONS, PASSAGES, QUESTIONS, code_snippets, with_typos
 
 BUILTIN_WORKLOADS = ("grounded", "chat", "mixed", "synthetic")
 
@@ -43,17 +43,6 @@ class WorkloadOptions:
     synthetic_input_tokens: int = 256
     synthetic_input_stddev: float = 0.0
     seed: int = 0
-
-
-def with_typos(text: str, every: int = 5) -> str:
-    """Swap two inner letters of every `every`-th long word: a deterministic spelling-fix task."""
-    words = text.split(" ")
-    for i in range(every - 1, len(words), every):
-        w = words[i]
-        if len(w) >= 5 and w.isalpha():
-            mid = len(w) // 2
-            words[i] = w[: mid - 1] + w[mid] + w[mid - 1] + w[mid + 1 :]
-    return " ".join(words)
 
 
 def grounded(max_tokens: int) -> list[Prompt]:

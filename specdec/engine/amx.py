@@ -35,17 +35,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from specdec.engine.kernels import (
-    _FAST,
     CACHE_LINE,
+    FASTMATH,
     KEY_BLOCK,
     PARALLEL_ROWS,
     VALUE_BLOCK,
-    _row_bf16,
-    _row_blocks,
     bf16,
     bf16_rope_store,
     bf16_softmax_numerators,
     rmsnorm,
+    row_bf16,
+    row_blocks,
     row_max,
     swiglu,
 )
@@ -250,7 +250,7 @@ def _last_values(values, length, value_blocks):  # pragma: no cover - compiled
     return last
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True)
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
 def attention(q, keys, values, slots, positions, out):  # pragma: no cover - compiled
     """kernels.attention over this module's bf16 cache (one layer), on AMX tiles.
 
@@ -270,7 +270,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
     # before it (benchmarks/engine_ab.py: attention over 250 / 1000 tokens 0.84x / 0.90-0.94x the
     # time, whole prefills 0.95x / 0.97x, the same bits)
     tiles = 4 if len(slots) >= PARALLEL_ROWS else 2
-    starts = _row_blocks(slots, positions, max(1, tiles * ROWS // group), 1)
+    starts = row_blocks(slots, positions, max(1, tiles * ROWS // group), 1)
     items = (len(starts) - 1) * n_kv
     for i in prange(items):
         item = i // 2 if i % 2 == 0 else items - 1 - i // 2  # as kernels.attention: equal shares
@@ -398,7 +398,7 @@ def pack_weight(w) -> np.ndarray:
 @njit(inline="always")
 def _to_bf16(row, out):  # pragma: no cover - compiled
     """out = row in bf16, zeros past its end."""
-    _row_bf16(row, out)
+    row_bf16(row, out)
     _zero_from(out, len(row))
 
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec import sampling, verify
 from specdec.config import GUESS_MARGIN
+from specdec.engine import sampling, verify
 from specdec.engine.guess import GuessHead
 from specdec.engine.kv_slots import CacheFullError, SlotTable
 from specdec.engine.model import Llama, resolve_dtype
-from specdec.sampling import SamplingError, SamplingParams
+from specdec.engine.sampling import SamplingError, SamplingParams
 
 # Every row count a verification at low load can have, then sparser: on the CPU a forward's time
 # is a staircase (matmul blocks of rows), which interpolating between powers of two would hide.

@@ -3,7 +3,7 @@
 Prompt lookup drafts nothing, or little, where the model starts a new phrase: the token that
 begins a copy does not follow the suffix it matched. Given the last hidden state h_t (the row that
 produced token t+1) and token t+1 itself, a small residual MLP over the tied embedding guesses
-token t+2, and lookup goes on from there (specdec/proposers.py). Trained on the target's own
+token t+2, and lookup goes on from there (specdec/speculation/lookup.py). Trained on the target's own
 greedy outputs (specdec/build/guess_head.py); on the held-out prompts it is right a third of the
 time, and a one-token draft costs a twentieth of a step to verify on the bf16 CPU engine.
 
@@ -13,7 +13,7 @@ time, and a one-token draft costs a twentieth of a step to verify on the bf16 CP
 Beside the guess it names the other candidates scored within `margin` of it (at most
 MAX_GUESSES - 1 of them, best first): the tokens it finds plausible. Prompt lookup drafts from
 the match whose next token ranks best among them, and where it matches one token its copy keeps
-the lead if the copy's next token is among them (specdec/proposers.py).
+the lead if the copy's next token is among them (specdec/speculation/lookup.py).
 
 The candidates are the tokens the model writes most (the file's `candidates`: 1024) and the
 sequence's own tokens (OwnTokens): scoring the whole vocabulary would read the 49152 x 576 table,
@@ -38,7 +38,7 @@ from safetensors.torch import load_file
 
 from specdec.config import GUESS_MARGIN
 from specdec.engine import amx, kernels
-from specdec.engine.kernels import _FAST
+from specdec.engine.kernels import FASTMATH
 
 if TYPE_CHECKING:
     from specdec.engine.model import Llama
@@ -102,7 +102,7 @@ def add_own_tokens(is_candidate, table, ids, rows, counts, present, slot, new): 
 
 class GuessHead:
     """Its products go through the model's ops, or all of it through compiled_guesses where the
-    ops have it (ops.guess_kernel: the bf16 CPU engines)."""
+    ops pack their weights as bf16 tiles (ops.packed_bf16: the bf16 CPU engines)."""
 
     def __init__(self, path: str | Path, model: Llama, slots: int, max_len: int, margin: float = GUESS_MARGIN):
         weights = load_file(str(path))
@@ -124,7 +124,7 @@ class GuessHead:
         self.candidate_rows = ops.weight(model.embedding(candidates.to(device)).to(dtype))  # (N, H)
         self.is_candidate = np.zeros(model.cfg.vocab_size, dtype=bool)
         self.is_candidate[candidates.numpy()] = True
-        self.kernel = ops.guess_kernel
+        self.kernel = compiled_guesses if ops.packed_bf16 else None
         table = model.embed.view(torch.int16).numpy() if self.kernel is not None else None
         self.own = OwnTokens(slots, max_len, self.is_candidate, table)
         if self.kernel is not None:  # its arguments besides the rows and their sequences', as it takes them
@@ -216,7 +216,7 @@ def _float32(typingctx, bits):
     return types.float32(types.int16), codegen
 
 
-@njit(fastmath=_FAST, cache=True)
+@njit(fastmath=FASTMATH, cache=True)
 def compiled_guesses(hidden, tokens, fc1, b1, fc2, b2, candidate_rows, candidates, margin, is_candidate, table,
                      own_ids, own_rows, own_counts, own_present, slots, new, offsets,
                      guesses):  # pragma: no cover - compiled  # fmt: skip

@@ -26,7 +26,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-_FAST = {"reassoc", "contract"}
+FASTMATH = {"reassoc", "contract"}
 # The matmul block's shape by register file (the results do not depend on it: every output is
 # the same in-order sum): AVX-512 has 32 registers of 16 floats, AVX2 16 of 8.
 _AVX512 = bool(get_host_cpu_features().get("avx512f"))
@@ -102,7 +102,7 @@ _EXP_POLY = tuple(np.float32(c) for c in (
 ))  # fmt: skip
 
 
-@njit(fastmath=_FAST, inline="always")
+@njit(fastmath=FASTMATH, inline="always")
 def _exp_parts(x):  # pragma: no cover - compiled
     """exp(x) = p * 2^n for x in [-87, 88]: n = round(x / ln 2) (an int32, taken from the bits of
     the sum with _ROUNDING: reassociation could drop the sum and its difference), p = e^r for
@@ -119,7 +119,7 @@ def _exp_parts(x):  # pragma: no cover - compiled
     return p, n
 
 
-@njit(fastmath=_FAST, inline="always")
+@njit(fastmath=FASTMATH, inline="always")
 def _exp(x):  # pragma: no cover - compiled
     """exp(x) in float32 within 3e-7 relative, in instructions LLVM can vectorize (np.exp is a
     libm call per element, the softmax's and SiLU's main cost). x is held to [-87, 88], where the
@@ -129,7 +129,7 @@ def _exp(x):  # pragma: no cover - compiled
     return p * _pow2(min(max(n, np.int32(-126)), np.int32(127)))
 
 
-@njit(fastmath=_FAST, inline="always")
+@njit(fastmath=FASTMATH, inline="always")
 def exp_nonpositive(x):  # pragma: no cover - compiled
     """_exp(x) for x <= 0 and not NaN (a score less its row's maximum), in fewer instructions:
     the bounds _exp takes beyond x >= -87 hold already, so the result is _exp's bit for bit."""
@@ -298,7 +298,7 @@ PARALLEL_ROWS = 64  # rows from which bf16_pairs converts on all threads (starti
 
 
 @njit(inline="always")
-def _row_bf16(row, out):  # pragma: no cover - compiled
+def row_bf16(row, out):  # pragma: no cover - compiled
     for k in range(len(row)):
         out[k] = bf16(row[k])
 
@@ -308,7 +308,7 @@ def _pairs(x):  # pragma: no cover - compiled
     """bf16_pairs(x) on this thread alone (inside a parallel loop)."""
     bits = np.empty(x.shape, dtype=np.int16)
     for m in range(x.shape[0]):
-        _row_bf16(x[m], bits[m])
+        row_bf16(x[m], bits[m])
     return bits.view(np.int32)
 
 
@@ -320,7 +320,7 @@ def bf16_pairs(x):  # pragma: no cover - compiled
         return _pairs(x)
     bits = np.empty(x.shape, dtype=np.int16)
     for m in prange(x.shape[0]):
-        _row_bf16(x[m], bits[m])
+        row_bf16(x[m], bits[m])
     return bits.view(np.int32)
 
 
@@ -403,7 +403,7 @@ def pack_bf16_weight(w: np.ndarray) -> np.ndarray:
     return pack_weight(bf16_pairs(np.ascontiguousarray(w, dtype=np.float32)))
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True)
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
 def rmsnorm(x, weight, eps, out):  # pragma: no cover - compiled
     """out = x / sqrt(mean(x^2) + eps) * weight, row by row.  x, out: (M, D)."""
     m_rows, dim = x.shape
@@ -423,13 +423,13 @@ def qkv_offsets(n_heads, n_kv_heads, head_dim):  # pragma: no cover - compiled
     return head_dim // 2, k_off, k_off + n_kv_heads * head_dim
 
 
-@njit(fastmath=_FAST, inline="always")
+@njit(fastmath=FASTMATH, inline="always")
 def rotated(a, b, c, s):  # pragma: no cover - compiled
     """A pair (a, b) of features half a head apart, rotated by the angle with cosine c, sine s."""
     return a * c - b * s, b * c + a * s
 
 
-@njit(fastmath=_FAST, inline="always")
+@njit(fastmath=FASTMATH, inline="always")
 def rotate_queries(qkv, m, pos, cos, sin, q_out):  # pragma: no cover - compiled
     """q_out[m] = row m's queries (the first H heads of qkv[m]) rotated for position pos."""
     n_heads, head_dim = q_out.shape[1], q_out.shape[2]
@@ -442,7 +442,7 @@ def rotate_queries(qkv, m, pos, cos, sin, q_out):  # pragma: no cover - compiled
             q_out[m, h, half + i] = hi
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True)
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
 def rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, k_tiles, v_cache):  # pragma: no cover
     """Rotate q and k (half-split rotary, as Hugging Face Llama) and write k, v into the cache.
 
@@ -488,7 +488,7 @@ def bf16_cache_shapes(slots: int, kv_heads: int, max_len: int, head_dim: int) ->
     return keys, values
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True)
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
 def bf16_rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):  # pragma: no cover
     """rope_store into the bf16 cache (keys, values: int16 bits, one layer); a key's padding
     features are written as zeros. Below PARALLEL_ROWS rows on this thread alone: split between
@@ -502,7 +502,7 @@ def bf16_rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out,
             _bf16_rope_store_row(qkv, cos, sin, positions, slots, m, n_heads, n_kv_heads, q_out, keys, values)
 
 
-@njit(fastmath=_FAST, inline="always")
+@njit(fastmath=FASTMATH, inline="always")
 def _bf16_rope_store_row(qkv, cos, sin, positions, slots, m, n_heads, n_kv_heads, q_out, keys,
                          values):  # pragma: no cover - compiled  # fmt: skip
     head_dim = q_out.shape[2]
@@ -537,7 +537,7 @@ def _store_typed(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, ke
     )
 
 
-@njit(fastmath=_FAST, inline="always")
+@njit(fastmath=FASTMATH, inline="always")
 def bf16_softmax_numerators(scores, n, out):  # pragma: no cover - compiled
     """softmax_numerators(scores, n) into out[:n] as bf16 (int16 bits), scores left as they are
     (one pass over them, not two: 16 rows of attention 0.8x); returns the sum of the numerators
@@ -551,7 +551,7 @@ def bf16_softmax_numerators(scores, n, out):  # pragma: no cover - compiled
     return denom
 
 
-@njit(fastmath=_FAST, inline="always")
+@njit(fastmath=FASTMATH, inline="always")
 def softmax_numerators(scores, n):  # pragma: no cover - compiled
     """scores[:n] -> exp(scores[:n] - their maximum), in place; returns their sum (a row's
     softmax is these over it); n >= 1."""
@@ -568,7 +568,7 @@ ATTENTION_ROWS = 8  # rows of one sequence whose queries share each load of a ke
 
 
 @njit(cache=True)
-def _row_blocks(slots, positions, most, least):  # pragma: no cover - compiled
+def row_blocks(slots, positions, most, least):  # pragma: no cover - compiled
     """Bounds of blocks of rows: each run of one sequence's consecutive positions split into
     equal blocks of at most `most` rows, and at least `least` blocks where it has the rows (9
     rows: 5 and 4, two equal shares for two threads). Block b is rows starts[b] : starts[b + 1]."""
@@ -603,7 +603,7 @@ def _as_pairs_typed(cache):
     return lambda cache: cache
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True)
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
 def attention(q, keys, values, slots, positions, out):  # pragma: no cover - compiled
     """Causal attention of each row over its own sequence's cache, positions 0..pos inclusive.
 
@@ -628,9 +628,9 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
     n_kv = keys.shape[1]
     group = n_heads // n_kv
     scale = np.float32(1.0 / math.sqrt(head_dim))
-    starts = _row_blocks(slots, positions, ATTENTION_ROWS, 1)
+    starts = row_blocks(slots, positions, ATTENTION_ROWS, 1)
     if len(starts) == 2:  # one block: a step or a verification alone
-        starts = _row_blocks(slots, positions, ATTENTION_ROWS, 2)
+        starts = row_blocks(slots, positions, ATTENTION_ROWS, 2)
     items = (len(starts) - 1) * n_kv
     block = keys.shape[4]  # positions of a block of keys
     for i in prange(items):
@@ -669,7 +669,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
                 out[m0 + r // group, h * head_dim + d] = values_out[r, d] * inv[r]
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True)
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
 def swiglu(gate_up, out):  # pragma: no cover - compiled
     """out = silu(gate) * up, with gate_up = [gate | up] along the last axis."""
     m_rows, width = out.shape

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from specdec.engine import amx, kernels
-from specdec.engine.guess import compiled_guesses
 
 if TYPE_CHECKING:
     from specdec.engine.model import KVCache, Layers, LlamaConfig
@@ -44,7 +43,7 @@ Weight = torch.Tensor | PackedWeight  # what ops.weight() makes of an (N, K) mat
 
 class CpuOps:
     cache_dtype: torch.dtype | None = None
-    guess_kernel = None  # GuessHead.guesses compiled (guess.compiled_guesses), or None: through these ops
+    packed_bf16 = False  # weights packed as bf16 tiles (PackedWeight): GuessHead runs compiled over them
     pack_weight = staticmethod(kernels.pack_weight)  # (N, K) -> the tiles of linear()'s kernel
     layers_kernel = staticmethod(kernels.decoder_layers)
 
@@ -74,7 +73,7 @@ class CpuOps:
 
     def weight(self, w: torch.Tensor) -> PackedWeight:
         """(..., N, K) -> the tiles linear() takes (pack_weight of each matrix)."""
-        packed = [self.pack_weight(m) for m in _numpy(w.reshape(-1, *w.shape[-2:]))]
+        packed = [self.pack_weight(m) for m in as_numpy(w.reshape(-1, *w.shape[-2:]))]
         tiles = np.stack(packed, out=kernels.line_aligned((len(packed), *packed[0].shape), packed[0].dtype))
         return PackedWeight(torch.from_numpy(tiles.reshape(*w.shape[:-2], *tiles.shape[1:])), w.shape[-2])
 
@@ -95,13 +94,13 @@ class CpuOps:
             x.numpy(), positions.numpy(), slots.numpy(), cfg.rms_norm_eps, cfg.num_attention_heads,
             layers.attn_norm.numpy(), layers.wqkv.tiles.numpy(), layers.wo.tiles.numpy(),
             layers.mlp_norm.numpy(), layers.w_gate_up.tiles.numpy(), layers.w_gate_up.rows,
-            layers.w_down.tiles.numpy(), _numpy(cache.k), _numpy(cache.v), cache.cos.numpy(), cache.sin.numpy(),
+            layers.w_down.tiles.numpy(), as_numpy(cache.k), as_numpy(cache.v), cache.cos.numpy(), cache.sin.numpy(),
         )  # fmt: skip
 
 
 class TorchOps:
     cache_dtype: torch.dtype | None = None
-    guess_kernel = None
+    packed_bf16 = False
 
     @staticmethod
     def cache_layout(slots: int, kv_heads: int, max_len: int, head_dim: int) -> tuple[tuple[int, ...], ...]:
@@ -180,7 +179,7 @@ class CpuBf16Ops(CpuOps):
 
     cache_dtype = torch.bfloat16
     cache_layout = staticmethod(kernels.bf16_cache_shapes)
-    guess_kernel = staticmethod(compiled_guesses)
+    packed_bf16 = True
     pack_weight = staticmethod(amx.pack_weight)
     layers_kernel = staticmethod(amx.decoder_layers)
 
@@ -220,7 +219,7 @@ class CpuAvx512Bf16Ops(CpuOps):
 
     cache_dtype = torch.bfloat16
     cache_layout = staticmethod(kernels.bf16_cache_shapes)
-    guess_kernel = staticmethod(compiled_guesses)
+    packed_bf16 = True
     pack_weight = staticmethod(kernels.pack_bf16_weight)
 
     @staticmethod
@@ -250,6 +249,6 @@ def bf16_ops() -> CpuOps:
     raise RuntimeError(f"{bf16_unsupported()}; use dtype float32 (or auto)")
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
+def as_numpy(t: torch.Tensor) -> np.ndarray:
     """The tensor's memory as numpy: a bf16 tensor's bits as int16, numpy having no bf16."""
     return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()

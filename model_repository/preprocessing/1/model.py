@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 from specdec.config import load_profile
 from specdec.contract import stop_words_to_list
 from specdec.tokenizer import TextTokenizer
-from specdec.triton_io import InvalidInput, check_context, parse_preprocess, request_inputs
+from specdec.triton.tensors import InvalidInput, check_context, parse_preprocess, request_inputs
 
 
 class TritonPythonModel:

@@ -7,9 +7,15 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from specdec.controller import ForwardCost
 from specdec.engine.engine import Engine
-from specdec.triton_io import InvalidInput, empty_engine_outputs, parse_engine_call, request_arrays, run_engine_calls
+from specdec.speculation.controller import ForwardCost
+from specdec.triton.tensors import (
+    InvalidInput,
+    empty_engine_outputs,
+    parse_engine_call,
+    request_arrays,
+    run_engine_calls,
+)
 
 COST_WRITE_S = 1.0  # how often the observed forward times are published to spec_decode
 

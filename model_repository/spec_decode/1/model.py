@@ -1,4 +1,4 @@
-"""Triton adapter for specdec.spec_decode: BLS calls to the engines, streamed responses, metrics."""
+"""Triton adapter for specdec.triton.service: BLS calls to the engines, streamed responses, metrics."""
 
 import asyncio
 import collections
@@ -10,13 +10,13 @@ from functools import partial
 
 import triton_python_backend_utils as pb_utils
 
-from specdec.admission import Overloaded
 from specdec.config import load_profile
 from specdec.engine.model import LlamaConfig
-from specdec.loop import AcceptanceStats
-from specdec.passthrough import PassthroughService, decoupled_engines, drafts_in_engine
-from specdec.spec_decode import EngineError, SpecDecodeService
-from specdec.triton_io import InvalidInput, parse_spec_decode, request_inputs, spec_decode_outputs
+from specdec.speculation.admission import Overloaded
+from specdec.speculation.loop import AcceptanceStats
+from specdec.triton.passthrough import PassthroughService, decoupled_engines, drafts_in_engine
+from specdec.triton.service import EngineError, SpecDecodeService
+from specdec.triton.tensors import InvalidInput, parse_spec_decode, request_inputs, spec_decode_outputs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -74,7 +74,7 @@ class TritonMetrics:
             "position": family("specdec_accepted_tokens_per_position_total", "Accepted draft tokens by draft position"),
             "drafted_position": family("specdec_draft_tokens_per_position_total", "Draft tokens by draft position"),
             "requests": family("specdec_requests_total", "Finished requests by proposer and finish reason"),
-            "tokens": family("specdec_output_tokens_total", "Generated tokens"),
+            "tokens": family("specdec_output_tokens_total", "EngineReply tokens"),
             "fallbacks": family("specdec_proposer_fallbacks_total", "Requests whose proposer failed midway"),
             "in_flight": family(
                 "specdec_requests_in_flight", "Requests running or queued in spec_decode", pb_utils.MetricFamily.GAUGE
@@ -86,7 +86,7 @@ class TritonMetrics:
         self.cache = {}
         self.increments = collections.Counter()  # metric key -> amount not yet sent
         self.gauges = {}  # metric key -> latest value not yet sent
-        self.rounds = {}  # proposer -> its rounds not yet sent (specdec.loop.AcceptanceStats)
+        self.rounds = {}  # proposer -> its rounds not yet sent (specdec.speculation.loop.AcceptanceStats)
         self.flushed = time.monotonic()
 
     def _key(self, kind, **labels):

@@ -1,13 +1,13 @@
 """Not a model of the repository: the CPU stand-in for the tensorrtllm backend
-(specdec/trtllm_standin.py), which specdec.serve installs as <backends>/tensorrtllm/model.py so that
+(specdec/triton/standin.py), which specdec.triton.serve installs as <backends>/tensorrtllm/model.py so that
 a GPU profile's rendered tensorrt_llm models load in the CPU tritonserver unchanged."""
 
 import json
 
 import triton_python_backend_utils as pb_utils
 
-from specdec.triton_io import InvalidInput, request_inputs
-from specdec.trtllm_standin import Call, LoadError, Standin, load_config
+from specdec.triton.standin import Call, LoadError, Standin, load_config
+from specdec.triton.tensors import InvalidInput, request_inputs
 
 
 def _response(arrays):

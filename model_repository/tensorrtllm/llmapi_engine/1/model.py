@@ -1,4 +1,4 @@
-"""Triton adapter: the engine tensor contract <-> specdec.llmapi_engine (EAGLE-3, LLM API).
+"""Triton adapter: the engine tensor contract <-> specdec.triton.llmapi (EAGLE-3, LLM API).
 
 Decoupled, with an async execute: each request is answered (one response, FINAL) when its
 generation ends, while the LLM generates every request it holds in flight."""
@@ -8,8 +8,14 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from specdec.llmapi_engine import LlmApiEngine, check_request
-from specdec.triton_io import InvalidInput, empty_engine_outputs, engine_outputs, parse_engine_request, request_inputs
+from specdec.triton.llmapi import LlmApiEngine, check_request
+from specdec.triton.tensors import (
+    InvalidInput,
+    empty_engine_outputs,
+    engine_outputs,
+    parse_engine_request,
+    request_inputs,
+)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 

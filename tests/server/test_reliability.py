@@ -1,0 +1,349 @@
+"""What production throws at the server: cancellations, a failing draft, overload, random and
+hostile input, tritonserver dying, SIGTERM under load. Every test runs against a real tritonserver on 127.0.0.1 and
+is bounded in requests and time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.servers import variant_profile, variant_server, wait_for
+
+from specdec.client.client import RequestParams, TritonClient
+from specdec.client.server_stats import memory_snapshot, scrape, total
+from specdec.config import ServerOptions
+
+pytestmark = pytest.mark.server
+
+
+def counter(server, name: str, **labels) -> float:
+    samples = scrape(server.metrics_url)
+    assert samples is not None
+    return total(samples, name, **labels)
+
+
+def server_rss(server) -> int:
+    return sum(m.rss for m in memory_snapshot(server.process.pid).values())
+
+
+# --- cancellation ----------------------------------------------------------------------------------
+LONG = "Count from 1 to 500, one number per line."
+
+
+def test_a_cancelled_stream_stops_its_loop_and_frees_its_cache(server):
+    before = counter(server, "specdec_requests_total", reason="cancelled")
+
+    async def main():
+        async with TritonClient(server.grpc_url) as client:
+            return await client.generate(LONG, RequestParams(max_tokens=400), cancel_after=2)
+
+    record = asyncio.run(main())
+    assert len(record.chunks) == 2
+    # the loop notices within a round (a few tens of ms here); generating to the end would take ~10 s
+    assert wait_for(lambda: counter(server, "specdec_requests_total", reason="cancelled") == before + 1, timeout=3)
+    assert wait_for(lambda: counter(server, "specdec_kv_slots_in_use") == 0, timeout=3)
+
+
+def test_hundreds_of_cancellations_leave_memory_and_cache_where_they_were(server, tokenizer):
+    """200 requests cancelled mid-stream (8 at a time, half through the ensemble, half token
+    level through spec_decode); resident memory after them is within 5% of before."""
+
+    async def cancel_many(n: int):
+        gate = asyncio.Semaphore(8)
+        ids = tokenizer.encode(tokenizer.chat_prompt(LONG))
+        async with TritonClient(server.grpc_url) as client:
+
+            async def one(i: int):
+                async with gate:
+                    params = RequestParams(max_tokens=300, num_draft_tokens=i % 6)
+                    if i % 2:
+                        return await client.generate(LONG, params, cancel_after=1 + i % 3)
+                    return await client.generate_ids(ids, params, cancel_after=1 + i % 3)
+
+            return await asyncio.gather(*(one(i) for i in range(n)))
+
+    asyncio.run(cancel_many(16))  # warm-up: allocator pools, caches
+    assert wait_for(lambda: counter(server, "specdec_kv_slots_in_use") == 0, timeout=10)
+    rss_before = server_rss(server)
+    cancelled_before = counter(server, "specdec_requests_total", reason="cancelled")
+    records = asyncio.run(cancel_many(200))
+    assert all(r.error is None for r in records), [r.error for r in records if r.error][:3]
+    assert wait_for(lambda: counter(server, "specdec_kv_slots_in_use") == 0, timeout=10)
+    assert counter(server, "specdec_requests_total", reason="cancelled") - cancelled_before >= 190
+    rss_after = server_rss(server)
+    assert rss_after < rss_before * 1.05, f"resident memory grew from {rss_before >> 20} to {rss_after >> 20} MiB"
+
+
+def test_a_dropped_http_stream_is_bounded_by_max_tokens(server):
+    """Triton 2.51 does not cancel an HTTP request whose client disconnects: the request runs on
+    to max_tokens (here 48) and then frees its cache; nothing is leaked."""
+    import socket
+
+    body = json.dumps({"text_input": LONG, "max_tokens": 48, "stream": True}).encode()
+    host, port = server.http_url.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received = b""
+        while b"data:" not in received:  # the headers and the first event may arrive apart
+            chunk = sock.recv(4096)
+            assert chunk, f"the server closed the stream before its first event: {received!r}"
+            received += chunk
+        # streaming has begun; now hang up
+    assert wait_for(lambda: counter(server, "specdec_kv_slots_in_use") == 0, timeout=30)
+
+
+# --- a failing draft -----------------------------------------------------------------------------------
+def test_requests_survive_a_failing_draft_model(embedded_profile, smollm_dir, tokenizer):
+    """Kill the draft model's backend process: draft_model requests fall back to plain decoding,
+    with the same greedy tokens, a warning in the log and a counter in the metrics."""
+    ids = tokenizer.encode(tokenizer.chat_prompt("List three colors."))
+    params = RequestParams(max_tokens=24, draft_method="draft_model", num_draft_tokens=3)
+    with variant_server(embedded_profile, smollm_dir, "reliability-draft") as srv:
+
+        async def run(**kw):
+            async with TritonClient(srv.grpc_url) as client:
+                return await client.generate_ids(ids, RequestParams(**{**vars(params), **kw}))
+
+        reference = asyncio.run(run(num_draft_tokens=0, draft_method="none"))
+        stubs = [
+            p
+            for p in psutil.Process(srv.process.pid).children(recursive=True)
+            if "/draft/1/model.py" in " ".join(p.cmdline())
+        ]
+        assert stubs, "the draft model's stub process was not found"
+        for stub in stubs:
+            stub.kill()
+        records = [asyncio.run(run()) for _ in range(3)]
+        assert [r.error for r in records] == [None] * 3
+        assert all(r.ids == reference.ids for r in records)
+        assert counter(srv, "specdec_proposer_fallbacks_total", proposer="draft_model") >= 1
+        assert "continues without speculation" in Path(srv.log_file).read_text(errors="replace")
+
+
+# --- overload ------------------------------------------------------------------------------------------
+def test_overload_queues_up_to_the_bound_then_refuses_at_once(embedded_profile, smollm_dir, tokenizer):
+    server_options = ServerOptions(max_inflight=2, max_queue=2)
+    ids = tokenizer.encode(tokenizer.chat_prompt("Say hello."))
+    with variant_server(embedded_profile, smollm_dir, "reliability-overload", server=server_options) as srv:
+
+        async def flood():
+            async with TritonClient(srv.grpc_url) as client:
+                params = RequestParams(max_tokens=16, num_draft_tokens=0)
+                return await asyncio.wait_for(
+                    asyncio.gather(*(client.generate_ids(ids, params) for _ in range(12))), timeout=120
+                )
+
+        records = asyncio.run(flood())
+        refused = [r for r in records if r.error]
+        served = [r for r in records if not r.error]
+        assert len(served) >= 4 and refused, [r.error for r in records]
+        assert all("server busy" in r.error for r in refused)
+        assert all(r.end - r.start < 2.0 for r in refused)  # refused at once, not after waiting
+        assert len({tuple(r.ids) for r in served}) == 1  # every admitted request completed correctly
+
+
+# --- random and hostile input ------------------------------------------------------------------------
+KNOWN_FIELDS = {
+    "text_input", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop_words",
+    "num_draft_tokens", "draft_method", "end_id", "stream", "apply_chat_template",
+}  # fmt: skip
+
+values = {
+    "text_input": st.one_of(st.text(max_size=40), st.just(""), st.just("\ud800x"), st.just("word " * 2100)),
+    "max_tokens": st.one_of(st.integers(-3, 12), st.just(10**6)),
+    "temperature": st.one_of(st.floats(-1, 2, allow_nan=False), st.just(float("nan")), st.just(float("inf"))),
+    "top_k": st.integers(-2, 60),
+    "top_p": st.one_of(st.floats(-0.5, 1.5, allow_nan=False), st.just(float("nan"))),
+    "seed": st.integers(0, 2**64 - 1),
+    "stop_words": st.lists(st.text(max_size=6), max_size=3),
+    "num_draft_tokens": st.integers(-2, 12),
+    "draft_method": st.sampled_from(["ngram", "draft_model", "none", "", "magic"]),
+    "end_id": st.integers(-5, 50000),
+}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.fixed_dictionaries(
+        {"text_input": values["text_input"]}, optional={k: v for k, v in values.items() if k != "text_input"}
+    )
+)
+def test_random_requests_get_a_generation_or_a_clear_refusal(server, body):
+    """Whatever the combination: a valid generation, or a 4xx naming one of the request's
+    fields; never a crash, a hang or a 500 from our models."""
+    payload = json.dumps(body, allow_nan=True).encode()
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/ensemble/generate",
+        data=payload,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            answer = json.loads(resp.read())
+            assert isinstance(answer["text_output"], str)
+    except urllib.error.HTTPError as err:
+        message = json.loads(err.read())["error"]
+        # NaN, inf or a lone surrogate: Triton's JSON parser refuses the body before any model sees it
+        json_parse_error = "nable to parse" in message or "failed to parse the request JSON" in message
+        assert err.code == 400 or json_parse_error, message
+        assert json_parse_error or any(field in message for field in KNOWN_FIELDS), message
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5) as ready:
+        assert ready.status == 200
+
+
+# --- a dead server, shutdown -------------------------------------------------------------------------
+def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embedded_profile, smollm_dir, tmp_path):
+    """`specdec serve` as a user runs it. tritonserver killed: serve starts a new one, which
+    serves, and the dead one's stubs and shared memory are gone, its log kept. A stub killed:
+    serve starts a new server again. Then SIGTERM while
+    6 streams generate: they finish (or stop with UNAVAILABLE) within the drain bound, the server
+    exits 0, and no stub process or shared memory segment is left."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from specdec.triton.serve import alive, free_port, mapped_shared_memory, python_stubs
+
+    profile = variant_profile(embedded_profile, smollm_dir, "reliability-shutdown")
+    profile_file = tmp_path / "profile.yaml"
+    profile_file.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
+    for old_log in (profile.build_path() / "logs").glob("tritonserver-*.log"):
+        old_log.unlink()
+    ports = [free_port() for _ in range(3)]
+    shm_before = set(os.listdir("/dev/shm"))
+    said = tmp_path / "serve.err"  # what serve says (its console is stderr)
+    with said.open("w") as err:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "specdec.cli", "serve", "--profile", str(profile_file), "--no-build",
+             "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
+            stderr=err, env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+    try:
+        # serve's own word, not Triton's health endpoint: a server dying before serve saw it ready
+        # is a start that failed (serve exits), not a crash to restart
+        assert wait_for(lambda: "ready  gRPC" in said.read_text(), timeout=120), "specdec serve did not become ready"
+        dead_pid = _tritonserver_of(serve.pid)
+        dead_stubs = psutil.Process(dead_pid).children(recursive=True)
+        dead_regions = mapped_shared_memory(dead_pid)
+        assert dead_stubs and dead_regions
+        os.kill(dead_pid, signal.SIGKILL)
+        assert wait_for(lambda: "ready again" in said.read_text(), timeout=120), said.read_text()[-2000:]
+        assert _ok(f"http://127.0.0.1:{ports[0]}/v2/health/ready")
+        assert not any(alive(p) for p in dead_stubs)
+        assert not any(region.exists() for region in dead_regions)
+        kept_logs = list((profile.build_path() / "logs").glob("tritonserver-*.log"))
+        assert any("Started GRPCInferenceService" in log.read_text() for log in kept_logs)
+
+        # a model's stub dies, tritonserver lives on (Triton 2.51 answers "Stub process ... is
+        # not healthy" from then on): serve restarts the server too
+        target_stub = next(stub for model, stub in python_stubs(_tritonserver_of(serve.pid)) if model == "target")
+        target_stub.kill()
+        assert wait_for(lambda: said.read_text().count("ready again") == 2, timeout=120), said.read_text()[-2000:]
+        assert "the Python backend stub of target died" in said.read_text()
+        assert _ok(f"http://127.0.0.1:{ports[0]}/v2/health/ready")
+
+        server_pid = _tritonserver_of(serve.pid)
+        stubs = psutil.Process(server_pid).children(recursive=True)
+
+        async def load():
+            async with TritonClient(f"127.0.0.1:{ports[1]}") as client:
+                params = RequestParams(max_tokens=200)
+                tasks = [asyncio.create_task(client.generate(LONG, params)) for _ in range(6)]
+                await asyncio.sleep(1.5)
+                serve.send_signal(signal.SIGTERM)
+                return await asyncio.wait_for(asyncio.gather(*tasks), timeout=40)
+
+        started = time.monotonic()
+        records = asyncio.run(load())
+        assert serve.wait(timeout=40) == 0
+        elapsed = time.monotonic() - started
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    assert elapsed < 35, f"shutdown took {elapsed:.0f} s"
+    assert all(r.chunks for r in records)  # every stream had started
+    assert all(r.error is None or "shutting down" in r.error for r in records), [r.error for r in records]
+    assert wait_for(lambda: not any(alive(p) for p in stubs), timeout=10)
+    leftover = {f for f in set(os.listdir("/dev/shm")) - shm_before if "triton" in f}
+    assert not leftover, f"shared memory left behind: {leftover}"
+
+
+class _DyingServer:
+    """Stands in for TritonServer in supervise(): each start runs a process that lives
+    `lifetime` seconds; the start after `stop_after` starts is a SIGTERM."""
+
+    grpc_url = http_url = "-"
+    foreground_log = False
+
+    def __init__(self, max_restarts: int, window_s: float, lifetime: float, stop_after: int = 1000):
+        from specdec.config import load_profile
+
+        profile = load_profile()
+        options = profile.server.model_copy(update={"max_restarts": max_restarts, "restart_window_s": window_s})
+        self.profile = profile.model_copy(update={"server": options})
+        self.lifetime, self.stop_after, self.starts = lifetime, stop_after, 0
+        self.process = None
+        self.start()
+
+    def start(self, foreground_log: bool = False) -> None:
+        import subprocess
+        import sys
+
+        if self.starts == self.stop_after:
+            raise KeyboardInterrupt
+        self.starts += 1
+        self.process = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({self.lifetime})"])
+
+    def restart(self) -> None:
+        self.start()
+
+    def failure(self) -> str | None:
+        return None if self.process.poll() is None else "exited"
+
+    def log_tail(self) -> str:
+        return ""
+
+
+def test_supervise_gives_up_after_max_restarts_within_the_window():
+    from specdec.triton.serve import supervise
+
+    said: list[str] = []
+    server = _DyingServer(max_restarts=2, window_s=3600, lifetime=0)
+    assert supervise(server, said.append) == 1
+    assert server.starts == 3
+    assert "not restarting" in said[-1] and "server.max_restarts 2" in said[-1]
+
+
+def test_supervise_forgets_restarts_older_than_the_window():
+    from specdec.triton.serve import supervise
+
+    server = _DyingServer(max_restarts=1, window_s=0.2, lifetime=0.4, stop_after=4)
+    with pytest.raises(KeyboardInterrupt):
+        supervise(server, lambda _: None)
+    assert server.starts == 4
+
+
+def _tritonserver_of(pid: int) -> int | None:
+    return next((c.pid for c in psutil.Process(pid).children() if "tritonserver" in c.name()), None)
+
+
+def _ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

@@ -1,0 +1,1 @@
+"""Helpers the tests share (tests/ is on the path: `from support.models import ...`)."""
