@@ -24,6 +24,7 @@ COPY pyproject.toml README.md ./
 COPY specdec ./specdec
 COPY model_repository ./model_repository
 COPY configs ./configs
+COPY assets ./assets
 COPY docker ./docker
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
  && pip freeze | grep -i '^numpy==' > /tmp/numpy.txt \

@@ -1,6 +1,7 @@
 """How far prompt lookup can go on a workload: the ceiling behind the grounded speedup target.
 
     .venv/bin/python benchmarks/copy_bound.py [--workload grounded,chat] [--max-tokens 128]
+                                               [--out benchmarks/results/copy_bound]
 
 Generates each prompt's greedy output with the engine the server runs (in this process, one
 request at a time), then replays its decoding offline. Greedy verification accepts exactly the
@@ -37,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
+from performance import update as update_performance
 
 from specdec.build import build
 from specdec.build.guess_head import prefill_hidden
@@ -250,7 +252,7 @@ def analyse(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "copy_bound")
     ap.add_argument("--workload", default="grounded,chat")
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args(argv)
@@ -289,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "copy_bound.md").write_text("\n".join(lines) + "\n")
     (args.out / "copy_bound.json").write_text(json.dumps({"forward_s": step, "tasks": rows}, indent=1))
     console.print("\n".join(lines))
+    update_performance(args.out)  # docs/performance.md, where this run is the tree's
     return 0
 
 

@@ -1,11 +1,11 @@
 """The load generator's latencies against an independent client: curl.
 
-    .venv/bin/python benchmarks/crosscheck.py [--out benchmarks/results] [--requests 4]
+    .venv/bin/python benchmarks/crosscheck.py [--out benchmarks/results/crosscheck] [--requests 4]
 
 Starts the embedded server, runs `specdec bench` at concurrency 1 (gRPC), then sends the same
 prompts with the same settings through curl (HTTP generate_stream, SSE), one at a time, taking
 curl's own clock: time_starttransfer (the first streamed event, so TTFT) and time_total (end to
-end). Writes crosscheck.md beside the other results.
+end). Writes crosscheck.md and the bench's own report (crosscheck-bench/) into --out.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from performance import update as update_performance
 
 from specdec.build import build
 from specdec.cli import main as specdec
@@ -42,7 +44,7 @@ def curl(http_url: str, body: dict) -> tuple[float, float, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "crosscheck")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args()
@@ -87,6 +89,7 @@ def main() -> int:
         f"the bench's requests first, then curl's.\n\n{table}"
     )
     print(table)
+    update_performance(args.out)  # docs/performance.md, where this run is the tree's
     return 0
 
 

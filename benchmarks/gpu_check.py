@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from performance import update as update_performance
 
 from specdec.build.cpu import truncate_layers
 from specdec.build.random_weights import SMOLLM2_SHAPE, write_random_llama
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         "speedups": [t["speedup"] for t in report["throughput"] if "speedup" in t],
     }))  # fmt: skip
     print(f"wrote {out}")
+    update_performance(out.parent)  # docs/performance.md, where this run is the tree's
     return 0 if report["exactness"]["all_exact"] else 1
 
 

@@ -11,8 +11,8 @@ greedy, the baseline and prompt lookup taking turns prompt by prompt (the first 
 request with a cache salt of its own. The controller prices rows with the engine's start-up
 calibration, as the server's does. Prints each arm's tokens/s, its tokens a decoding round and
 the share of its time in forwards, and speculation's ratio; every text must equal the baseline's.
-Where this and the served figure differ, serving costs one arm more than the other: on the Xeon
-with AMX they agree within a run's noise (HISTORY item 51).
+Where this and the served figure differ, serving costs one arm more than the other; where serving
+costs both arms alike, they agree within a run's noise.
 """
 
 from __future__ import annotations

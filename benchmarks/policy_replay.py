@@ -12,8 +12,8 @@ cost and asks for a guess only where it would draft from one. Greedy verificatio
 exactly the common prefix of a draft and the output, so no forward runs again. Each round is
 priced as the engine's forward over its rows (measured here), plus the guess where one was asked
 (measured here, right after a forward), plus --overhead-ms: what a served round costs beyond its
-forward in either arm (Triton's calls, the streamed responses; ~6 ms at one user on the 2-core
-development machines); plain decoding pays a step and the overhead a token. Against the policy:
+forward in either arm (Triton's calls, the streamed responses; the controller's observe_round()
+measures it when served); plain decoding pays a step and the overhead a token. Against the policy:
 drafts of the profile's longest throughout, and the best static caps by the evidence a round
 drafts from (a draft the guess leads; the length of lookup's match), a grid. `--vary KNOB=V1,V2`
 also prices the controller with the profile's `speculation.adaptive.KNOB` at each value: tune

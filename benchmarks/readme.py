@@ -1,6 +1,6 @@
 """The measurements behind the README's performance section, with the machine they ran on.
 
-    .venv/bin/python benchmarks/readme.py [--out benchmarks/results] [--quick]
+    .venv/bin/python benchmarks/readme.py [--out benchmarks/results/readme] [--quick]
 
 One tritonserver (the embedded profile) serves everything, on free ports:
 1. machine.json / machine.md: CPU model, cores, memory, GPUs, load averages at the start (a line per run);
@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+
+from performance import update as update_performance
 
 from specdec.build import build
 from specdec.cli import main as specdec
@@ -108,7 +110,7 @@ def write_tables(out: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "readme")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", default="sweep,blocks,anchor,peer")
     args = ap.parse_args()
@@ -116,6 +118,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.steps == "tables":
         write_tables(out)
+        update_performance(out)  # docs/performance.md, where this run is the tree's
         return 0
     machine = describe()
     (out / "machine.json").write_text(json.dumps(machine, indent=1))
@@ -159,6 +162,7 @@ def main() -> int:
             streamed, unstreamed = (json.loads((out / "anchor" / f / "bench.json").read_text()) for f in runs)
             (out / "anchor" / "anchor.md").write_text(anchor_table(streamed, unstreamed, arm, many))
         if "peer" not in steps:
+            update_performance(out)
             return 0
 
         tokenizer = TextTokenizer(profile.model_dir("target"))
@@ -178,6 +182,7 @@ def main() -> int:
                                                "runs": [asdict(r) for r in runs]}, indent=1))  # fmt: skip
     console.print(table, markup=False)
     console.print(f"done in {(time.time() - started) / 60:.1f} min; results in {out}")
+    update_performance(out)
     return 0
 
 

@@ -9,6 +9,8 @@ end, and reports the server's resident memory after warm-up and at every tenth o
 should stay flat).
 
     .venv/bin/python benchmarks/soak.py --requests 2000 --concurrency 8 [--url HOST:PORT]
+
+Writes --output (benchmarks/results/soak/soak.json), with the machine it ran on.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+from performance import update as update_performance
 from rich.table import Table
 
 from specdec.client.client import RequestParams, TritonClient, within
+from specdec.client.machine import describe
 from specdec.client.server_stats import find_listening_pid, memory_snapshot, scrape, total
 from specdec.config import load_profile
 from specdec.progress import console, progress_bar
@@ -120,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=1800)
     ap.add_argument("--url", help="gRPC address of a running server; default: start the embedded one")
     ap.add_argument("--metrics-url", help="with --url: its metrics endpoint")
-    ap.add_argument("--output", type=Path, default=Path("benchmarks/results/soak.json"))
+    ap.add_argument("--output", type=Path, default=Path("benchmarks/results/soak/soak.json"))
     args = ap.parse_args(argv)
     profile = load_profile()
+    machine = describe()  # its load averages at the start
     with embedded_server(profile, args.url) as (grpc_url, _, server):
         tokenizer = TextTokenizer(profile.model_dir("target"))  # converted by now
         metrics_url = server.metrics_url if server else args.metrics_url
@@ -130,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(
             soak(grpc_url, metrics_url, pid, tokenizer, args.requests, args.concurrency, args.max_seconds)
         )
+    result = {"machine": machine, **result}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2))
     table = Table(title=f"soak: {result['requests']} requests, concurrency {result['concurrency']}")
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = bool(result["unexpected"]) or result["kv_slots_in_use_at_end"] > 0
     for line in result["unexpected"]:
         console.print(f"[red]{line}[/]")
+    update_performance(args.output.parent)  # docs/performance.md, where this run is the tree's
     return 1 if bad else 0
 
 

@@ -1,6 +1,6 @@
 """The four speed figures of the embedded default, each beside its baseline from the same run.
 
-    .venv/bin/python benchmarks/targets.py [--out benchmarks/results] [--max-tokens 128]
+    .venv/bin/python benchmarks/targets.py [--out benchmarks/results/targets] [--max-tokens 128]
 
 1. plain decoding through the served engine at batch 1: tokens/s (1 / TPOT p50) and the weight
    bandwidth it implies (weights read per token x tokens/s, as gpt-fast reports it);
@@ -46,6 +46,8 @@ import json
 import statistics
 import sys
 from pathlib import Path
+
+from performance import update as update_performance
 
 from specdec.build import build
 from specdec.client.loadgen import BASELINE, Arm, BenchConfig, Load, level_summaries, paired_rounds, run_bench
@@ -127,9 +129,8 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
         workloads=(workload,),
         num_requests=max(MIN_ROUNDS * concurrency, len(prompts)),
         # blocks of C requests, at least MIN_ROUNDS per arm, in rotating order (A B C, B C A, C A B,
-        # ...), so that a drift of the shared machine falls on every arm; with two, identical arms
-        # (A/A) had differed by up to 8% at C = 16, and blocks of 64 requests at C = 32 vary by
-        # +-8% (HISTORY.md, item 46): with four, a cell at 32 users moved +-5%
+        # ...), so that a drift of the shared machine falls on every arm: the A/A arm's ratio shows
+        # what is left of it
         block_size=concurrency,
         warmup=1,
         workload_options=options,
@@ -235,7 +236,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "targets")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     ap.add_argument("--grounded", default="grounded", help="input-grounded prompts: built-in, or a .jsonl file")
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     console.print("\n".join(lines))
+    update_performance(args.out)  # docs/performance.md, where this run is the tree's
     return 1 if any(r["errors"] for r in rows) else 0
 
 

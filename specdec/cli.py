@@ -28,6 +28,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.output_dir and not args.render_only:
         console.print("[red]error:[/] --output-dir goes with --render-only")
         return 2
+    if args.script:
+        from specdec.build.scripts import build_script
+
+        print(build_script(load_profile(args.profile), Path(args.profile or DEFAULT_PROFILE)), end="")
+        return 0
     output_dir = Path(args.output_dir).resolve() if args.output_dir else None
     try:
         repo = build(load_profile(args.profile), args.dry_run, args.render_only, output_dir)
@@ -238,6 +243,7 @@ def parser() -> argparse.ArgumentParser:
         "--render-only", action="store_true", help="write only the model repository a build would serve (no engines)"
     )
     p.add_argument("--output-dir", help="with --render-only: where the repository goes (default: the build's)")
+    p.add_argument("--script", action="store_true", help="print the build as a bash script (build_scripts/)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser(

@@ -1,5 +1,5 @@
 """Train the target's guess head (specdec/engine/guess.py) on the target's own greedy outputs,
-and write those outputs as its phrase index (specdec/speculation/lookup.py's PhraseIndex).
+and write those outputs as its phrase index (specdec/speculation/phrases.py's PhraseIndex).
 
     specdec train-guess-head [--profile P] [--out FILE] [--phrases FILE]   (25-45 minutes on 2 cores)
 
@@ -215,7 +215,9 @@ CODE = (
     "Explain what this function does:\n\n{c}",
     "Refactor this code to be more readable:\n\n{c}",
 )
-NUM_CANDIDATES = 1024  # as good as 4096 held out (2.57x against 2.59x priced), a quarter of the product
+# as good as 4096 on held-out prompts (benchmarks/copy_bound.py priced 2.57x against 2.59x), at a
+# quarter of the product
+NUM_CANDIDATES = 1024
 
 
 @dataclass

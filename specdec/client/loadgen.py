@@ -11,8 +11,8 @@ same prompts, and the arms take turns so that drift of the machine hits all alik
   rotating from prompt to prompt); the requests in flight mix the arms, so every arm is measured
   under the same mixed load. With the CPU engine this flatters speculation: an engine call returns
   when every row of its batch is done, so a baseline request batched with speculative ones waits
-  for their multi-token rounds (measured: the baseline at concurrency 4 fell from 38 to 28 tokens/s
-  on the grounded workload, and speculation's "speedup" rose from 0.84x to 1.24x).
+  for their multi-token rounds, and speculation's "speedup" is inflated by the baseline it slows
+  (benchmarks/readme.py's sweep and blocks steps run the two modes side by side).
 
 Load: a closed loop (C requests in flight, a new one as soon as one ends) or an open loop
 (Poisson arrivals at a rate, whatever is in flight). Every level stops issuing at

@@ -3,9 +3,9 @@ self-contained (it imports no other part of specdec but the leaf modules).
 
 Its CPU kernels are compiled by numba and cached on disk, and numba keys a cached function on the
 stamp of its own file only, while these kernels are compiled into each other across files (amx.py,
-guess.py and sampling.py take kernels.py's): after kernels.py changed, amx.py's cached kernels kept
-the old code. So their cache lives in a folder named by a hash of all their sources (unless
-NUMBA_CACHE_DIR says where): any change compiles them afresh."""
+guess.py and sampling.py take kernels.py's): after kernels.py changes, amx.py's cached kernels
+would keep the old code. So their cache lives in a folder named by a hash of all their sources
+(unless NUMBA_CACHE_DIR says where): any change compiles them afresh."""
 
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 (matmul) and attention's two (queries by keys, probabilities by values) over a bfloat16 KV cache,
 and the decoder layers that call them, all in one compiled call (decoder_layers).
 
-Why: a verification of 16 rows cost 1.3-1.45x a step at context 600 with oneDNN's bf16 products
-and kernels.attention's float32 ones (those at the cores' FMA peak: 4.6 against 1.8 ms a
-forward), and the float32 cache is what a step's attention waits on. Here every product is an
-AMX TDPBF16PS tile product, bf16 terms summed in float32, and the cache is half the size.
+Why: with oneDNN's bf16 products and kernels.attention's float32 ones, a verification's rows
+cost well over a step's, attention's float32 products run at the cores' FMA peak, and a step's
+attention waits on reading the float32 cache. Here every product is an AMX TDPBF16PS tile
+product, bf16 terms summed in float32, and the cache is half the size (benchmarks/engine_ab.py
+measures forwards and, with --attention, attention alone).
 
 A tile is 16 rows of 64 bytes: 16 x 32 bf16 or 16 x 16 float32. TDPBF16PS adds to each row of
 its float32 tile the products of that row of A with B, B holding pairs of bf16 along its rows
@@ -75,8 +76,7 @@ TILE_CONFIG = tile_config()
 # matmul's tiles for a product of M < 16 rows: its accumulators (0-3) and rows (4, 5) M rows high,
 # its weights' tiles (6, 7) whole. The hardware computes each row of a tile product alone, so a
 # row's result is the same bits whatever the tile's height, and a product of fewer rows, its row
-# loads and its stores take less time. A whole forward on the Xeon (context 350, medians of 31
-# interleaved pairs): 1 row 0.88x the time with tiles of 16 rows, 8 rows 0.92x, 12 rows 0.97x.
+# loads and its stores take less time (benchmarks/engine_ab.py measures the forwards).
 MATMUL_CONFIGS = np.stack([tile_config(max(rows, 1), (0, 1, 2, 3, 4, 5)) for rows in range(ROWS + 1)])
 
 
@@ -206,7 +206,7 @@ def _dot(typingctx, c, a, b):
 
 @njit(inline="always")
 def _zero_from(row, start):  # pragma: no cover - compiled
-    """row[start:] = 0, as a loop (numba's slice assignment took 20 us for nothing to assign)."""
+    """row[start:] = 0, as a loop: numba's slice assignment has a fixed cost even with nothing to assign."""
     for k in range(start, len(row)):
         row[k] = 0
 
@@ -233,8 +233,8 @@ def lined(shape, dtype):  # pragma: no cover - compiled
 def _last_values(values, length, value_blocks):  # pragma: no cover - compiled
     """A copy of the last block of a kv head's values (values: (T / 2, Dh, 2) int16), its positions
     from `length` on zeros: they may hold anything (NaN times a probability of 0 is NaN). Copied
-    a run of whole rows of pairs at a time (position by position it took ~1.5 us, a fifth of a
-    step's attention)."""
+    a run of whole rows of pairs at a time: position by position, the copy is a sizeable share of
+    a step's attention."""
     last = lined((VALUE_BLOCK // 2, values.shape[1], 2), np.int16)
     flat, row = last.reshape(-1), 2 * values.shape[1]  # a row of pairs: head_dim pairs
     first = (value_blocks - 1) * VALUE_BLOCK // 2  # the block's first row of pairs
@@ -258,17 +258,17 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
     one sequence (in a forward of PARALLEL_ROWS rows or more, a prefill's, up to 4 * ROWS //
     group) and the group query heads of a kv head make the rows of the tiles (padded with zeros
     to whole tiles), taken two tiles at a time: each key tile loaded serves both, and with up to
-    64 features a query's tiles stay loaded while the keys stream past (a verification of 16
-    rows: 0.87-0.91x the time of one tile at a time)."""
+    64 features a query's tiles stay loaded while the keys stream past, so a verification loads
+    each key tile half as often as one tile at a time would."""
     n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv, key_width = keys.shape[1], 2 * keys.shape[3]
     group = n_heads // n_kv
     chunks = key_width // PAIR
     held = chunks <= 2  # the queries stay in their tiles while the keys stream past
     scale = np.float32(1.0 / math.sqrt(head_dim))
-    # a prefill's blocks are plenty for both threads: fewer, of more queries, each reading the keys
-    # before it (benchmarks/engine_ab.py: attention over 250 / 1000 tokens 0.84x / 0.90-0.94x the
-    # time, whole prefills 0.95x / 0.97x, the same bits)
+    # a prefill's blocks are plenty for every thread: fewer, of more queries, each reading the keys
+    # before it once for more rows; the outputs are the same bits (benchmarks/engine_ab.py
+    # --attention measures both)
     tiles = 4 if len(slots) >= PARALLEL_ROWS else 2
     starts = row_blocks(slots, positions, max(1, tiles * ROWS // group), 1)
     items = (len(starts) - 1) * n_kv
@@ -305,8 +305,7 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
                     _load(6, x, second + (chunks - 1) * PAIR, 2 * key_width)
             for t in range(key_blocks):
                 if rt == 0:  # the cache, cold after the layer's products, asked for ahead of its loads:
-                    # the keys a few blocks on, the values of these positions (16 sequences of a row
-                    # each: 0.95x the forward's time)
+                    # the keys a few blocks on, the values of these positions
                     if t + KEY_AHEAD < key_blocks:
                         _prefetch(keys[s, g], (t + KEY_AHEAD) * block_keys)
                     _prefetch(values[s, g], t * KEY_BLOCK * head_dim)
@@ -407,12 +406,12 @@ def _bf16_rows(x, chunks):  # pragma: no cover - compiled
     """A product's A: x (M, K) float32 in bf16 (int16 bits), rows padded to whole tiles and K to
     `chunks` of PAIR terms with zeros."""
     m_rows = x.shape[0]
-    a = lined((-(-m_rows // ROWS) * ROWS, chunks * PAIR), np.int16)  # np.zeros took 4 us at 16 rows
+    a = lined((-(-m_rows // ROWS) * ROWS, chunks * PAIR), np.int16)  # only the padding is zeroed, below
     _zero_rows_from(a, m_rows)
     if m_rows < PARALLEL_ROWS:
         for m in range(m_rows):
             _to_bf16(x[m], a[m])
-    else:  # a prefill's rows: their conversion took 1/6 of its products' time on one thread
+    else:  # a prefill's rows: converted on one thread, they would cost a share of its products' time
         for m in prange(m_rows):
             _to_bf16(x[m], a[m])
     return a
@@ -477,9 +476,9 @@ ARGMAX_SPANS = 32  # matmul_argmax's parallel items: runs of output groups, each
 def matmul_argmax(x, w, n_out, best):  # pragma: no cover - compiled
     """best[m] = the column of the first maximum of row m of (x @ W.T)[:, :n_out] (a NaN counting
     as one: np.argmax of matmul()'s output). The products are matmul's; each 2x2 block of tiles is
-    scanned from L1 as it is done, and none is written out: the lm_head's logits, written and then
-    read back after its 56 MB of weights had streamed past, took numpy's argmax 0.11 ms for one
-    row and 0.47 ms for a verification's 16."""
+    scanned from L1 as it is done, and none is written out: logits written out come back from
+    memory, the lm_head's weights having streamed through the caches since, and numpy's argmax
+    over them would cost a verification more than this scan does."""
     m_rows = x.shape[0]
     groups, chunks = w.shape[0], w.shape[1]
     row_tiles = -(-m_rows // ROWS)
@@ -550,8 +549,8 @@ def decoder_layers(x, positions, slots, eps, n_heads, attn_norm, wqkv, wo, mlp_n
                    w_down, keys, values, cos, sin):  # pragma: no cover - compiled  # fmt: skip
     """kernels.decoder_layers with this module's products over its bf16 cache: each layer's
     weights the [i] of a stack of pack_weight's tiles, keys and values as bf16_cache_shapes for all
-    layers (int16 bits). Called once a forward: from Python each of its ~270 kernel calls cost
-    ~15 us, a quarter of a step. A product writes whole tiles, so its output has rows up to a
+    layers (int16 bits). Called once a forward: from Python the overhead of its ~270 kernel calls
+    would be a large share of a step. A product writes whole tiles, so its output has rows up to a
     multiple of 16 and columns up to one of 32 (its first M rows go on: a C-contiguous view, which
     the kernels are compiled for), and those feeding the residual stream are added into x."""
     rows = x.shape[0]

@@ -83,7 +83,7 @@ Scores = torch.Tensor | list[int]  # a forward's logits (R, V), or where only th
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's first maximum (a NaN counting as one), as torch's argmax; on CPU through
-    numpy, whose argmax took 4 us a row of 49152 logits where single-threaded torch took 63."""
+    numpy, whose argmax is many times faster than torch's on the one thread the engine leaves it."""
     if logits.device.type == "cpu":
         return torch.from_numpy(logits.numpy().argmax(axis=-1))
     return logits.argmax(dim=-1)
@@ -175,13 +175,12 @@ class Engine:
     def calibrate(self, rows: tuple[int, ...] = CALIBRATION_ROWS, repeats: int = 5) -> dict[str, list]:
         """Seconds of one forward by number of rows: the cost model the spec_decode controller
         starts from. The rows follow a context of CALIBRATION_CONTEXT tokens, as a verification's
-        do: attention's share of a row's cost grows with the context (in process, 9 rows cost
-        1.09x one row at position 0, 1.13x after 256 tokens; 8 rows of a served verification
-        ~1.15x a step, in process 1.27x). The best of
-        `repeats` passes over all the counts, each pass under the lock shared with the server's
-        other engine: a slow spell (at a server's start, the other engine loading) then falls on
-        every count of a pass, not on a few counts only, which would bend the shape the
-        controller plans by. Uses a free slot and leaves it free."""
+        do: attention's share of a row's cost grows with the context, so rows at position 0
+        would price a verification's extra rows low. The best of `repeats` passes over all the
+        counts, each pass under the lock shared with the server's other engine: a slow spell (at a
+        server's start, the other engine loading) then falls on every count of a pass, not on a
+        few counts only, which would bend the shape the controller plans by. Uses a free slot and
+        leaves it free."""
         context = max(0, min(CALIBRATION_CONTEXT, self.max_seq_len - max(rows) - 1))
         rows = tuple(r for r in rows if context + r < self.max_seq_len)
         slot, _, key, _ = self.slots.acquire("", np.zeros(1, dtype=np.int64), set())
@@ -203,9 +202,9 @@ class Engine:
                 self._timed_forward(*forward_args(torch.arange(context, device=self.device)))
             for _ in range(repeats):
                 with self.forward_lock:
-                    # untimed: the first forward after the lock changes hands runs slow (served,
-                    # 16.5 ms at 1 row against 9-11), and the table is made non-decreasing
-                    # (ForwardCost): every count up to 17 rows had priced as the slow one
+                    # untimed: the first forward after the lock changes hands runs slow, and the
+                    # table is made non-decreasing (ForwardCost), so a slow first count would price
+                    # every larger count as slow as it
                     self._timed_forward(*inputs[0])
                     for i, args in enumerate(inputs):  # (greedy: as most served rounds run)
                         seconds[i] = min(seconds[i], self._timed_forward(*args, greedy=True)[2])
@@ -302,8 +301,8 @@ class Engine:
 
     def _timed_forward(self, *args: torch.Tensor, greedy: bool = False) -> tuple[torch.Tensor, Scores, float]:
         """greedy: no row's logits are wanted but for their argmax, which the model then takes
-        without writing them out (Llama.greedy_tokens: for a verification of 16 rows numpy's
-        argmax read 3 MB of logits back from memory, 0.47 ms)."""
+        without writing them out (Llama.greedy_tokens: a verification's logits, written out, are
+        megabytes an argmax would read back from memory)."""
         start = time.perf_counter()
         hidden = self.model.hidden(self.cache, *args)
         out = self.model.greedy_tokens(hidden) if greedy else self.model.logits(hidden)
@@ -377,9 +376,9 @@ class Engine:
     ) -> list[tuple[list[int], int]]:
         """(emitted tokens, accepted drafts) of each sampled sequence with a deterministic draft
         (starts: their first logit rows): verify.sampled_verify, each position's rows drawn in one
-        draw() per set of sampling parameters: row by row, sampling was 16% of the engine's time
-        at 32 users with top_p (HISTORY item 41), and a step of 16 sequences with drafts now
-        draws in 5-6 calls, one a position, not one for each row after an accepted draft (item 42)."""
+        draw() per set of sampling parameters, so a step of many sequences with drafts draws in
+        about one call a draft position, not one for each row after an accepted draft: drawn row
+        by row, sampling is a large share of the engine's time at high concurrency with top_p."""
 
         def draw(pairs: list[tuple[int, int]]) -> list[int]:
             groups: dict[SamplingParams, list[int]] = {}  # sampling without its seed -> indices into pairs

@@ -4,8 +4,9 @@ Prompt lookup drafts nothing, or little, where the model starts a new phrase: th
 begins a copy does not follow the suffix it matched. Given the last hidden state h_t (the row that
 produced token t+1) and token t+1 itself, a small residual MLP over the tied embedding guesses
 token t+2, and lookup goes on from there (specdec/speculation/lookup.py). Trained on the target's own
-greedy outputs (specdec/build/guess_head.py); on the held-out prompts it is right a third of the
-time, and a one-token draft costs a twentieth of a step to verify on the bf16 CPU engine.
+greedy outputs (specdec/build/guess_head.py). It is right often enough, and one more draft row
+costs little enough to verify, that drafting from it pays where lookup has nothing to copy
+(benchmarks/copy_bound.py replays lookup with and without it).
 
     z = h + W2 silu(W1 [h; e(t+1)] + b1) + b2          e: the embedding table, (V, H)
     guess = argmax over candidates c of z . e(c)
@@ -16,10 +17,10 @@ the match whose next token ranks best among them, and where it matches one token
 the lead if the copy's next token is among them (specdec/speculation/lookup.py).
 
 The candidates are the tokens the model writes most (the file's `candidates`: 1024) and the
-sequence's own tokens (OwnTokens): scoring the whole vocabulary would read the 49152 x 576 table,
-a fifth of a step's memory traffic. On the bf16 CPU engines the head is one compiled call
-(compiled_guesses): 0.2 against 0.8 ms a call through the ops from Python, right after a forward
-(2 cores, AMX).
+sequence's own tokens (OwnTokens): scoring the whole vocabulary would read the whole embedding
+table, a sizeable share of a step's memory traffic. On the bf16 CPU engines the head is one
+compiled call (compiled_guesses): through the ops from Python, its small steps right after a
+forward cost several times as much.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class OwnTokens:
     """Each KV slot's sequence's own candidates: its tokens that are not frequent candidates, in
     the order they first occur, and (for compiled_guesses) their embedding rows, kept as the
     sequence grows, a round's few tokens at a time, in compiled code (add_own_tokens). Right
-    after a forward the caches hold nothing of this: gathering ~200 rows from the table took
-    ~0.4 ms, and each numpy call of a Python update 0.05-0.45 ms (2 cores, AMX). A slot's
+    after a forward the caches hold nothing of this, so gathering all the rows from the table
+    each round, or updating them by numpy calls from Python, would cost a share of a step. A slot's
     sequence that does not extend the one seen there before (a new request) starts afresh."""
 
     def __init__(self, slots: int, max_len: int, is_candidate: np.ndarray, table: np.ndarray | None):
@@ -144,7 +145,7 @@ class GuessHead:
             for slot, context in zip(slots, contexts, strict=True):
                 self.own.update(slot, context)
             return self._guesses(hidden, tokens, slots)
-        # in as few numpy calls as can be: right after a forward each costs 0.01-0.1 ms
+        # in as few numpy calls as can be: right after a forward has emptied the caches each is slow
         unseen = [self.own.unseen(slot, context) for slot, context in zip(slots, contexts, strict=True)]
         new = np.array([t for tokens_of in unseen for t in tokens_of], dtype=np.int64)
         offsets = np.array([0, *itertools.accumulate(len(u) for u in unseen)], dtype=np.int64)
@@ -221,7 +222,7 @@ def compiled_guesses(hidden, tokens, fc1, b1, fc2, b2, candidate_rows, candidate
                      own_ids, own_rows, own_counts, own_present, slots, new, offsets,
                      guesses):  # pragma: no cover - compiled  # fmt: skip
     """GuessHead.guesses in one compiled call, for the bf16 CPU engines: from Python its dozen
-    small steps cost ~0.1 ms each right after a forward, 0.8-1.1 ms a call. hidden (B, H)
+    small steps, each slow right after a forward, would cost several times as much. hidden (B, H)
     float32, tokens (B,); fc1, fc2, candidate_rows the ops' packed weights (_project); b1, b2
     float32; is_candidate .. own_present an OwnTokens' arrays (table: the (V, H) bf16 embedding,
     int16 bits), the b-th row's sequence's those of slot slots[b], which are first updated with
@@ -264,7 +265,7 @@ def compiled_guesses(hidden, tokens, fc1, b1, fc2, b2, candidate_rows, candidate
         for i in range(1, n):
             if values[i] > values[best]:
                 best = i
-        near = np.flatnonzero(values[:n] >= values[best] - margin)  # (sorting all took 0.03 ms)
+        near = np.flatnonzero(values[:n] >= values[best] - margin)  # only these are sorted, not all
         order = near[np.argsort(-values[near], kind="mergesort")]  # stable: a tie goes to the first
         guesses[b, :] = -1
         for i in range(min(len(order), guesses.shape[1])):

@@ -35,16 +35,14 @@ LANES = 16 if _AVX512 else 8  # float32 lanes of a vector register
 TILE = 2 * LANES  # output features a matmul tile computes together
 # Rows a block takes at most: 2 x _BLOCK accumulators, the 2 weight registers and the broadcasts
 # of x, each live for its row's two products. On AVX-512 14 (28 + 2 of 32 registers): each weight
-# streamed from memory feeds up to 14 rows at once, where blocks of 8 computed a second block's
-# products after the first had streamed the weights. On the EPYC (Zen 4, bf16 products),
-# forwards after a 250-token prompt against blocks of 8 (benchmarks/engine_ab.py, medians of 30
-# pairs): 9 rows 0.95x, 12 rows 0.92x, 14 rows 0.91-0.94x, 1, 5 and 16 rows and a prefill of 250
-# tokens 0.98-1.02x.
+# streamed from memory feeds up to 14 rows at once, where with blocks of 8 a verification's second
+# block computes its products after the first has streamed the weights. Forwards of 9-14 rows
+# gain by it, other row counts and prefills stay as they were (benchmarks/engine_ab.py measures it).
 _BLOCK = 14 if _AVX512 else 4
 # A block asks for the weights it will read this many steps of k ahead (8 KB for a matmul tile),
-# into L2. Without it, on a Xeon the loads of a block of several rows came too slowly for the
-# memory's latency: a forward of 5 rows took 1.34x one row's time, 8 rows 1.52x (1.07x and
-# 1.19x with it), while with the tile in cache 5 rows cost what one does.
+# into L2. Without it the loads of a block of several rows come too slowly for the memory's
+# latency, and a forward of a few rows costs well over one row's, where with the tile in cache it
+# costs about what one row does (benchmarks/engine_ab.py measures forwards by row count).
 PREFETCH_STEPS = 64
 _LINE_FLOATS = 16  # floats in a 64-byte cache line
 
@@ -52,7 +50,7 @@ _LINE_FLOATS = 16  # floats in a 64-byte cache line
 @intrinsic
 def _pow2(typingctx, n):
     """2.0 ** n in float32 for an int32 n in [-126, 127]: its exponent field, set directly (a
-    table of the powers costs a gather per vector, which was the softmax's main cost)."""
+    table of the powers costs a gather per vector, which would be the softmax's main cost)."""
     if n != types.int32:
         return None
 
@@ -83,8 +81,8 @@ def _ordered(bits):  # pragma: no cover - compiled
 
 @njit(inline="always")
 def row_max(row, n):  # pragma: no cover - compiled
-    """max(row[:n]) for n >= 1 and no NaN, as integers: a float maximum waited for the previous
-    one at each step of the loop (its NaN handling; 0.58 ns an element, this 0.22)."""
+    """max(row[:n]) for n >= 1 and no NaN, as integers: a float maximum waits for the previous
+    one at each step of the loop (its NaN handling), where the integer one vectorizes."""
     top = np.int32(-2147483648)
     for t in range(n):
         top = max(top, _ordered(_bits(row[t])))
@@ -95,8 +93,8 @@ def row_max(row, n):  # pragma: no cover - compiled
 _ROUNDING = np.float32(12582912.0)
 _ROUNDING_BITS = np.int32(0x4B400000)  # its bits
 # exp(r) for |r| <= ln 2 / 2 by a polynomial of degree 5 (fitted for relative error with exp(0) = 1,
-# within 1.8e-7 evaluated in float32; the Taylor series needed degree 6, and the floor and conversion this
-# rounding replaces cost as much again: the softmax's numerators 0.41 against 0.45 ns an element)
+# within 1.8e-7 evaluated in float32; the Taylor series needs degree 6 for it); n is rounded by
+# _ROUNDING's sum (_exp_parts), cheaper than a floor and a conversion
 _EXP_POLY = tuple(np.float32(c) for c in (
     0.008290314115583897, 0.04189793020486832, 0.1666763573884964, 0.4999915063381195, 0.9999997019767761, 1.0,
 ))  # fmt: skip
@@ -374,10 +372,10 @@ CACHE_LINE = 64  # bytes
 
 def line_aligned(shape: tuple[int, ...], dtype, zeros: bool = False) -> np.ndarray:
     """A new C-contiguous array that starts on a cache line (numpy aligns to 16 bytes only). An AMX
-    tile's row and an AVX-512 vector are 64 bytes: off a line, each load touches two (on the Xeon,
-    tile loads from L1 or L2 2.7x slower). The weights, the KV cache and amx.py's tile buffers
-    aligned: prefills of the held-out grounded prompts 0.94x the time, steps unchanged (their
-    weights come from memory at its pace). zeros: calloc's zeros, whose pages stay unbacked until
+    tile's row and an AVX-512 vector are 64 bytes: off a line, each load touches two, and tile
+    loads from L1 or L2 take far longer. The weights, the KV cache and amx.py's tile buffers are
+    aligned: prefills gain by it, steps do not (their weights come from memory at its pace;
+    benchmarks/engine_ab.py measures both). zeros: calloc's zeros, whose pages stay unbacked until
     written (as np.zeros)."""
     dtype = np.dtype(dtype)
     size = math.prod(shape) * dtype.itemsize
@@ -492,8 +490,9 @@ def bf16_cache_shapes(slots: int, kv_heads: int, max_len: int, head_dim: int) ->
 def bf16_rope_store(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, keys, values):  # pragma: no cover
     """rope_store into the bf16 cache (keys, values: int16 bits, one layer); a key's padding
     features are written as zeros. Below PARALLEL_ROWS rows on this thread alone: split between
-    two, a verification's rows wrote the same cache lines of a key block (16 rows: 28-32 us a
-    layer, 18-20 on one thread), and starting the threads costs ~4 us."""
+    threads, a verification's rows write the same cache lines of a key block (its KEY_BLOCK
+    positions share them), which costs more than one thread writing them all, and starting the
+    threads costs besides."""
     if qkv.shape[0] < PARALLEL_ROWS:
         for m in range(qkv.shape[0]):
             _bf16_rope_store_row(qkv, cos, sin, positions, slots, m, n_heads, n_kv_heads, q_out, keys, values)
@@ -540,8 +539,7 @@ def _store_typed(qkv, cos, sin, positions, slots, n_heads, n_kv_heads, q_out, ke
 @njit(fastmath=FASTMATH, inline="always")
 def bf16_softmax_numerators(scores, n, out):  # pragma: no cover - compiled
     """softmax_numerators(scores, n) into out[:n] as bf16 (int16 bits), scores left as they are
-    (one pass over them, not two: 16 rows of attention 0.8x); returns the sum of the numerators
-    before rounding."""
+    (one pass over them, not two); returns the sum of the numerators before rounding."""
     top = row_max(scores, n)
     denom = np.float32(0.0)
     for t in range(n):
@@ -621,8 +619,8 @@ def attention(q, keys, values, slots, positions, out):  # pragma: no cover - com
     is left for a pair of zeros to flush): each row gets the same bits whatever else shares its
     run. (In the bf16 cache the pairs of positions reach one past the run's last
     position when its count is odd: a position never written must hold no NaN there; KVCache's
-    are zeros.) A verification alone (one block, G items) splits in two: on two cores G = 3
-    items gave one thread twice the other's work.
+    are zeros.) A verification alone (one block, G items) splits in two: G items alone share
+    unevenly among threads (G = 3 on two threads gives one twice the other's work).
     """
     n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv = keys.shape[1]

@@ -14,9 +14,9 @@ under its own cache salt only: requests of different salts never reuse each othe
 slot holds more than the prefix (another prompt after a shared system prompt), the prefix is
 copied into the free slot released longest ago, so that the other prompt stays for whoever asks
 it next: taken in place, every slot would end up holding one chain of prompts, each overwriting
-the last (on the 26 held-out grounded prompts 600 prompt tokens reused in place against 898 with
-copies). A row's keys and values depend only on the tokens before it (model.py), so a reused
-prefix holds exactly what a new prefill would write.
+the last, and fewer prompt tokens reused (benchmarks/prefix_reuse.py counts them). A row's
+keys and values depend only on the tokens before it (model.py), so a reused prefix holds exactly
+what a new prefill would write.
 """
 
 from __future__ import annotations

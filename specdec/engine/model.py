@@ -25,10 +25,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_dtype(dtype: str, device: str) -> str:
     """The profile's dtype, with "auto" made concrete: bfloat16 on CUDA and on a CPU with AMX
-    bf16 tiles (CpuBf16Ops: a verification of 8 drafts costs ~1.1x a step, a prefill 0.4x
-    float32's) or AVX-512 BF16 (CpuAvx512Bf16Ops: a step ~0.6x, a prefill ~0.4x float32's),
-    float32 on other CPUs (where bf16 products are slow, or their rows depend on their batch, or
-    there are none: ops.bf16_unsupported())."""
+    bf16 tiles (CpuBf16Ops) or AVX-512 BF16 (CpuAvx512Bf16Ops), whose bf16 products make steps
+    and prefills faster than float32's (benchmarks/engine_ab.py --base HEAD --dtype bfloat16
+    compares them); float32 on other CPUs (where bf16 products are slow, or their rows depend on
+    their batch, or there are none: ops.bf16_unsupported())."""
     if dtype != "auto":
         return dtype
     if torch.device(device).type == "cuda":

@@ -89,7 +89,7 @@ class CpuOps:
     def decoder_layers(self, x: torch.Tensor, layers: Layers, cache: KVCache, positions: torch.Tensor,
                        slots: torch.Tensor, cfg: LlamaConfig) -> None:  # fmt: skip
         """TorchOps.decoder_layers in one compiled call (layers_kernel): from Python, each of a
-        forward's ~270 kernel calls cost more than the small ones compute (3.6 of a 22 ms step)."""
+        forward's ~270 kernel calls costs more in overhead than the small ones compute."""
         self.layers_kernel(
             x.numpy(), positions.numpy(), slots.numpy(), cfg.rms_norm_eps, cfg.num_attention_heads,
             layers.attn_norm.numpy(), layers.wqkv.tiles.numpy(), layers.wo.tiles.numpy(),
@@ -173,9 +173,9 @@ class CpuBf16Ops(CpuOps):
     bfloat16 terms summed in float32, over a bf16 cache; norms, rotary, softmax, SiLU and the
     residual stream are float32 (kernels.py's), all layers in one compiled call
     (amx.decoder_layers). A tile product computes each row alone in hardware, so a verification's
-    rows match a step's bits, and a tile of up to 16 rows reads each weight once for all of them
-    (on a Sapphire Rapids Xeon at context 350: a forward of 8 rows 1.16x one row's time, of 16
-    rows 1.37x, one row's 11 ms reading the weights at 24 GB/s; float32 1.3x at 9 rows)."""
+    rows match a step's bits, and a tile of up to 16 rows reads each weight once for all of them,
+    so a verification's rows cost far less than as many steps (benchmarks/targets.py measures the
+    ratio)."""
 
     cache_dtype = torch.bfloat16
     cache_layout = staticmethod(kernels.bf16_cache_shapes)
@@ -206,7 +206,7 @@ class CpuBf16Ops(CpuOps):
         return embed.to(torch.bfloat16)  # amx.pack_weight's layout has no rows to look up
 
     def embedding(self, table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return table.index_select(0, tokens).float()  # 0.03 ms for 200 rows, advanced indexing 0.08
+        return table.index_select(0, tokens).float()  # index_select: cheaper than advanced indexing
 
 
 class CpuAvx512Bf16Ops(CpuOps):
@@ -214,8 +214,9 @@ class CpuAvx512Bf16Ops(CpuOps):
     projection's product and attention's two in bf16 terms summed in float32 (kernels.matmul
     over pack_bf16_weight's pairs, kernels.attention over the bf16 cache: one vdpbf16ps a pair),
     norms, rotary, softmax, SiLU and the residual stream float32. Half the bytes a step reads,
-    twice the products an instruction: on a 2-core Zen 4 a 350-token prefill ~2.5x faster than
-    float32's FMAs, and the same per-row invariance."""
+    twice the products an instruction, so prefills run much faster than on float32's FMAs, with
+    the same per-row invariance (benchmarks/engine_ab.py --base HEAD --dtype bfloat16 compares
+    the two)."""
 
     cache_dtype = torch.bfloat16
     cache_layout = staticmethod(kernels.bf16_cache_shapes)
@@ -226,8 +227,8 @@ class CpuAvx512Bf16Ops(CpuOps):
     def unsupported() -> str | None:
         return None if kernels.AVX512_BF16 else "no AVX-512 BF16"
 
-    # the table as a bf16 copy, rows looked up as CpuBf16Ops does (from a tied lm_head's pairs,
-    # gathered across its tiles, 0.14 ms a call)
+    # the table as a bf16 copy, rows looked up as CpuBf16Ops does: gathering them from a tied
+    # lm_head's pairs, across its tiles, costs more
     embedding_table = CpuBf16Ops.embedding_table
     embedding = CpuBf16Ops.embedding
 

@@ -10,15 +10,14 @@ whether j is reached by a plain step or by a verification. With a deterministic 
 rejection sampler (verify.py) then emits exactly the tokens plain sampling emits for that seed.
 
 A token is drawn by inverting p's cumulative sum at one uniform (draw()): one random number a
-position. Gumbel-style noise, one Exp(1) per vocabulary entry, cost 0.9 ms a row on the CPU
-(49152 entries), which a verification pays for every row: 8 ms of a 7-row round against a
-10 ms forward (the session of 2026-12-04, HISTORY item 40).
+position. Gumbel-style noise, one Exp(1) per vocabulary entry, drawn for every row of a
+verification, would cost about as much as the verification's forward itself.
 
 draw() and probs() are compiled (numba), a row per thread: the engine draws the rows of a step
-together, and torch's kernels, on the one thread the engine leaves them, took 1.9-2.3 ms for
-16 rows with top_p 0.9 (0.4 ms here), and 0.26 ms for one (0.07; HISTORY item 42). A row's
-result must not depend on the other rows of the call (a last-bit difference in p can flip a
-sample): each row is computed by the same code in the same order, whatever else is in the call.
+together, and torch's kernels, on the one thread the engine leaves them, cost several times as
+much for a step's rows with top_p. A row's result must not depend on the other rows of the call
+(a last-bit difference in p can flip a sample): each row is computed by the same code in the
+same order, whatever else is in the call.
 On a GPU the rows drawn come to the CPU for it.
 """
 
@@ -111,7 +110,7 @@ def sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     row of zeros gives V - 1 (a caller that can have one replaces it)."""
     flat_p, flat_u = probs.reshape(-1, probs.shape[-1]), uniform.reshape(-1)
     drawn = torch.empty(len(flat_u), dtype=torch.int64, device=probs.device)
-    # a row at a time: over 16 whole rows at once the float64 sums took 0.4-4 ms (HISTORY item 41)
+    # a row at a time: float64 sums over many whole rows at once cost far more than row by row
     for i, (row, u) in enumerate(zip(flat_p, flat_u, strict=True)):
         cdf = torch.cumsum(row, dim=0, dtype=torch.float64)
         drawn[i] = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0]
@@ -148,9 +147,9 @@ def _rows(t: torch.Tensor) -> np.ndarray:
 
 
 # Where _nucleus looks for a top_p cut: among the tokens whose weight is at least a tail (the
-# most likely token's is 1), the first tail whose tokens hold the mass. At temperature 0.7 a top_p
-# of 0.9 kept 1-17 tokens of the held-out open questions' rows; sorting all 49152 weights took
-# milliseconds.
+# most likely token's is 1), the first tail whose tokens hold the mass. A top_p cut usually keeps
+# a handful of tokens, which the first tail holds, and only those are sorted: sorting the whole
+# vocabulary's weights would cost more than the rest of the draw.
 _TAILS = (2.0**-8, 2.0**-11, 2.0**-14, 2.0**-17, 2.0**-20, 0.0)
 
 
@@ -176,7 +175,7 @@ def _weights(row, temperature, top_k, out):  # pragma: no cover - compiled
 def _kth_largest(z, k, top):  # pragma: no cover - compiled
     """The k-th largest of z (its maximum top), looked for among the values within a margin of
     the top (16: a weight e^-16 the most likely token's), the narrowest that holds k of them:
-    partitioning all 49152 took 1 ms."""
+    partitioning the whole vocabulary would cost more than the rest of the row's work."""
     for margin in (16.0, 24.0, 32.0, 48.0, 64.0, np.inf):
         bound = top - np.float32(margin)
         if np.sum(z >= bound) >= k:

@@ -1,8 +1,8 @@
 """Draft verification: greedy acceptance, coupled sampling for a deterministic draft, and the
 modified rejection sampler for a stochastic one. Pure functions.
 
-Greedy verification is one sequence's token lists: a batch's tensor version cost more small
-tensor ops (0.6-0.8 ms a step on the CPU engine) than the comparison of a few tokens.
+Greedy verification is one sequence's token lists: a batch's tensor version costs more in small
+tensor ops than the comparison of a few tokens does.
 
 Rejection sampling (Leviathan et al. 2023; Chen et al. 2023): accept x_i with probability
 min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a sample of norm(max(0, p_i - q_i));

@@ -22,8 +22,8 @@ from collections import deque
 from pathlib import Path
 
 DRAIN, CANCEL = "drain", "cancel"
-# How stale Admission.state() may be. Every request asks at every round: at 32 users reading the
-# file each time was 5% of spec_decode's busy time (HISTORY item 45).
+# How stale Admission.state() may be. Every request asks at every round: at many users, reading
+# the file each time would be a noticeable share of spec_decode's busy time.
 STATE_CHECK_S = 0.02
 
 
@@ -37,8 +37,8 @@ def drain_path(build_dir: Path) -> Path:
 
 def drain_state(path: Path) -> str:
     """ "" while serving normally, DRAIN, or CANCEL."""
-    # os.access says "no file" without raising: a failed open raising FileNotFoundError was
-    # 8% of spec_decode's CPU at one user (py-spy), where rounds ask about every 20 ms
+    # os.access says "no file" without raising: a failed open raising FileNotFoundError costs
+    # far more, and rounds ask many times a second
     if not os.access(path, os.F_OK):
         return ""
     try:

@@ -2,18 +2,17 @@
 
 A round verifies k draft tokens and yields E(k) tokens: the accepted drafts plus the target's own.
 With one acceptance rate a for every draft token, E(k) = (1 - a^(k+1)) / (1 - a) (Leviathan et al.
-2023). Prompt lookup's drafts are copies: they miss at once or start right and run on (served on
-the built-in grounded prompts: 52% of first tokens accepted, then 83-97% of each next one after an
-accepted one), so the estimate keeps two rates, a1 for the first token and a for each next one,
-and E(k) = 1 + a1 (1 - a^k) / (1 - a), which is Leviathan's where the two are equal.
+2023). Prompt lookup's drafts are copies: they miss at once or start right and run on (the first
+token is accepted far less often than each next one after an accepted one), so the estimate keeps
+two rates, a1 for the first token and a for each next one, and E(k) = 1 + a1 (1 - a^k) / (1 - a),
+which is Leviathan's where the two are equal.
 
 A proposer that looks before it drafts tells how strong its evidence is: prompt lookup, the
 length of the suffix it matched. First tokens are counted by that length, because it decides
-them (built-in prompts, greedy outputs replayed with drafts of 8: after a 1-token match 22% of
-first tokens accepted on grounded prompts, 15% on chat; after a 4-token match 88% and 92%), so
-a round drafts long from a strong match and little or nothing from a weak one. (Replayed, with
-a draft row priced at 0.1 of a round: 1.67x over plain decoding at the best one length, 1.87x
-at the best length for each match length; chat 1.10x and 1.14x.)
+them (after a 1-token match the first token is rarely accepted, after a 4-token match mostly),
+so a round drafts long from a strong match and little or nothing from a weak one
+(benchmarks/policy_replay.py prices this against one length for all and against a cap for each
+match length).
 
 A round's cost is the target forward over all rows in flight, plus the draft model's steps when
 there is one, plus what a served round costs beyond its forwards whatever its rows (measured:
@@ -21,12 +20,9 @@ observe_round()). The controller plans the draft lengths of all requests in flig
 next round's expected tokens per second (plan()): long drafts when the server is idle (a forward
 over a few extra rows costs little more than one row), shorter ones as rows pile up, none when
 they no longer pay. The plan is over the cost model's exact shape: on the CPU a forward's time is
-a staircase (the matmul takes rows in blocks: when they were of 8 on AVX-512, 9 rows cost ~11%
-more than 8, 10 hardly more than 9; now of 14, the AMX tiles of 16), which a marginal cost per row
-would smooth away. (The built-in grounded
-prompts' greedy outputs replayed at batch 1 and priced with the engine's forward times: 1.94x
-over plain decoding with one rate, a marginal cost and a table of powers of two; 2.00x with
-this controller, as much as the best fixed length, 7.)
+a staircase (the matmul takes rows in blocks: kernels._BLOCK on AVX-512, the AMX tiles' 16), which
+a marginal cost per row would smooth away (benchmarks/policy_replay.py replays greedy outputs
+priced with the engine's forward times, this controller against fixed draft lengths).
 
 Costs come from the engines' forward times by row count: calibrated at start-up and kept current
 by the engines from the forwards they run (the calibration files in the build folder).
@@ -57,8 +53,8 @@ def token_value(first: float, then: float, j: int) -> float:
     token is accepted with probability `first` and each next one, after an accepted one, with
     `then`: it counts iff it and all before it are accepted, first * then^j. A round of k draft
     tokens yields 1 + the sum over the first k, E(k) above. (Python floats: a round's decisions
-    take a few dozen of them, where numpy's calls cost ~0.1 ms after a forward has emptied the
-    caches, on cores the next forward waits for.)"""
+    take a few dozen of them, and each numpy call is slow after a forward has emptied the caches,
+    on cores the next forward waits for.)"""
     return first * then**j
 
 
@@ -74,20 +70,19 @@ class ForwardCost:
     forwards observed since.
 
     One scale rather than an entry per row count: in service a forward of few rows often runs
-    beside the server's other work (a lone call's one-row forward took 35 ms against 13
-    calibrated), and entries moved one by one, kept non-decreasing, had flattened the table (1 to
-    16 rows all 35-37 ms), which priced extra draft rows at nothing.
+    beside the server's other work, far over its calibrated time, and entries moved one
+    by one, kept non-decreasing, would flatten the table up to such a time, which prices extra
+    draft rows at nothing.
 
     The shape is learnt only from forwards while the engine serves one sequence (observe()'s
     `alone`), where no other request's work runs beside them: the start-up calibration is a best
-    of a few passes at one moment of a shared machine (the same 2-core VM gave 16 rows 1.6x and
-    2.3x one row minutes apart), and a served forward pays a cost every row count pays alike (the
-    threads waking after the round trip), which the scale would multiply into the price of each
-    extra row. Served at one user (the held-out grounded prompts, EPYC, medians): 1 row 10.9 ms,
-    7 rows 11.8, 13 rows 13.6, 16 rows 16.0, where that server's start-up table, scaled, read
-    11.6, 14.5, 22.0 and 27.3 ms. Each count's factor is the median of its latest SHAPE_WINDOW
-    lone forwards over the scaled calibrated time, once it has SHAPE_MIN; counts without one
-    take their neighbours' (interpolated).
+    of a few passes at one moment of a shared machine (whose ratio of many rows to one can change
+    from one minute to the next), and a served forward pays a cost every row count pays alike
+    (the threads waking after the round trip), which the scale would multiply into the price of
+    each extra row: a start-up table, scaled, overprices the extra rows of served forwards. Each
+    count's factor is the median of its latest SHAPE_WINDOW lone forwards over the scaled
+    calibrated time, once it has SHAPE_MIN; counts without one take their neighbours'
+    (interpolated).
 
     It also follows how many sequences a forward carries (`sequences`, a moving average): under
     load the requests in flight do not all share one forward (Controller.plan())."""
@@ -97,7 +92,7 @@ class ForwardCost:
     scale: float = 1.0  # observed / calibrated
     shape: dict[int, float] = field(default_factory=dict)  # row count -> its lone forwards / (scale x calibrated)
     sequences: float | None = None  # sequences a forward carries, lately (None: none observed)
-    # seconds of 0, 1, 2, ... rows, looked up: interpolating took ~35 us a call, and a round asks
+    # seconds of 0, 1, 2, ... rows, looked up: interpolating is a few numpy calls, and a round asks
     # several times (the plan, the lockstep, observe_round()), the engine once a forward. As
     # calibrated; and before the scale (calibrated x shape, non-decreasing; None: to be made
     # again, the shape changed)
@@ -135,7 +130,7 @@ class ForwardCost:
 
     def consecutive(self, first: int, count: int) -> list[float]:
         """time() of first, first + 1, ... rows (count of them), as Python floats: a plan asks for
-        them every round, and numpy's calls took ~30 us of it after a forward."""
+        them every round, and numpy's calls are slow right after a forward."""
         table = self._table()[1]
         if first >= 0 and first + count <= len(table):
             return [self.scale * t for t in table[first : first + count]]
@@ -224,11 +219,9 @@ class Acceptance:
     tokens is one trial of its first token, then accepted - 1 successes and (if the draft went
     on) one failure of the tokens after an accepted one. Counts forget at every round; those by
     evidence at every round from that evidence (a strong match may come once in a while). By
-    evidence the next tokens too: a copy after a 4-token match ran on (the held-out grounded
-    prompts at one user, in process: 7.2 tokens of a draft accepted on average, 88% of first
-    tokens), a draft led by the engine's guess stopped soon (0.53, 36%): one next-token rate
-    for both had drafted the first short and the second long (1.5% fewer tokens a second than
-    drafts of 15 throughout, where with a rate each it is 1.3-2.1% more)."""
+    evidence the next tokens too: a copy after a long match runs on, a draft led by the engine's
+    guess stops soon, and one next-token rate for both would draft the first short and the second
+    long (benchmarks/policy_replay.py prices the policy against fixed draft lengths)."""
 
     first: Rate = field(default_factory=Rate)
     next: Rate = field(default_factory=Rate)
@@ -275,7 +268,7 @@ class Controller:
     options.next_prior_weight tokens: it leaves that only on evidence, which
     copies bring fast (several next tokens a round) and short drafts slowly (one-token drafts say
     nothing of the next tokens). Per request, because code and copy-edits copy long spans while
-    answers and summaries copy short ones: one next-token rate for all overdrafted the latter.
+    answers and summaries copy short ones: one next-token rate for all would overdraft the latter.
     Where the proposer gives evidence, the first-token rate is the request's own count for that
     evidence, shrunk toward the proposer's recent rate for it over all requests, itself shrunk
     toward the proposer's overall rate; and the next-token rate the same way, toward the
@@ -292,10 +285,9 @@ class Controller:
     # --- request life cycle -----------------------------------------------------------------------
     def start(self, key: str, proposer: str, limit: int, sampled: bool = False) -> None:
         """sampled: the request samples (temperature > 0). A draft token is then accepted only where
-        the target samples it, less often than where it is the greedy token (served at one user:
-        20-25% against ~32%), so sampled requests' drafts are counted apart from greedy ones': at
-        16 users, sampled requests after greedy ones drafted 55% more and made 0.97x the
-        baseline's tokens a second, where alone they made 1.00x (HISTORY item 40)."""
+        the target samples it, less often than where it is the greedy token, so sampled requests'
+        drafts are counted apart from greedy ones': counted together, sampled requests would start
+        from the greedy ones' higher rate and overdraft."""
         pool = f"{proposer} sampled" if sampled else proposer
         self.requests[key] = RequestState(proposer, limit, Acceptance(), pool, k=limit)
         self._plan = None
@@ -325,7 +317,8 @@ class Controller:
         """Would the current plan draft for the request on this evidence? Asked before evidence
         that costs something is fetched: the engine's guess (specdec/engine/guess.py) is a
         fraction of a step, paid for nothing in a request that may not draft (num_draft_tokens
-        0: the A/A arm paid 3-5%) or under a load at which a guess's draft would not pay."""
+        0, as benchmarks/targets.py's A/A arm) or under a load at which a guess's draft would not
+        pay."""
         state = self.requests.get(key)
         if state is None or state.limit <= 0:
             return False
@@ -346,8 +339,8 @@ class Controller:
         for the whole next round. `evidence`: what the proposer found before drafting (prompt
         lookup: the length of its match; 0: nothing to draft), None from one that finds out by
         drafting. The plan is made again once per round (after as many decisions as requests in
-        flight) and whenever a request starts or ends: making it for every decision cost ~0.1 ms
-        each, milliseconds a round at 32 requests, on cores the forward needs. Each decision
+        flight) and whenever a request starts or ends: made for every decision, it would cost a
+        share of each round at many requests in flight, on cores the forward needs. Each decision
         takes its request's draft tokens worth as much as the plan's least valuable one, valued
         with the evidence it has now (the plan had the evidence of its previous round)."""
         state = self.requests[key]
@@ -426,13 +419,11 @@ class Controller:
         """Seconds of the target forwards a round of the requests in flight takes, by the rows of
         all of them: first, first + 1, ... rows (count of them). In step (Lockstep) one forward carries
         them all. Under load they are out of step, and a forward carries those that are ready
-        (at 32 users and 16 in flight on the EPYC, ~12): a round is then 16 / 12 forwards of that
-        share of the rows. Priced as one forward of all rows, drafts sat past the matmul's block
-        of 14 rows, where a row costs little; in the forwards they joined they pushed 12-13 rows
-        past it (held-out chat prompts at 32 users: forwards 12-19% longer for 1.0-1.4 more rows;
-        0.92-0.96x the baseline's throughput). Priced by the share, the plan drafts where forwards
-        are small and stops at a block's edge (on the Xeon's AMX tiles of 16 rows too: 35% more
-        draft tokens, 19% more accepted, 1.01x against 0.95x; HISTORY.md, item 46)."""
+        (ForwardCost.sequences of them): a round is then requests / sequences forwards of that
+        share of the rows. Priced as one forward of all rows, drafts would sit past the matmul's
+        block of rows, where a row costs little, while in the smaller forwards they actually join
+        they push the rows past a block's edge, where the forward's time steps up. Priced by the
+        share, the plan drafts where forwards are small and stops at a block's edge."""
         share = self._share()
         if share >= 1.0:
             return self.target.consecutive(first, count)
@@ -447,8 +438,8 @@ class Controller:
         """Expected tokens a one-token probe must bring to pay: its row of the target's forward,
         and for the draft model also the draft forward that catches up with the tokens since its
         last call (at least one a round without drafts) and drafts the token. Priced as a row
-        only, the embedded draft model (2-10% of its probes accepted) probed every few rounds
-        and cost 6-25% of throughput at 1 to 4 users."""
+        only, a draft model whose probes are rarely accepted would probe every few rounds and
+        cost a sizeable share of throughput at low load."""
         if state.proposer != "draft_model" or self.draft is None:
             return plan.bar
         return plan.bar + plan.rate * self.draft.time(state.rounds_without_drafts + 1)
@@ -468,9 +459,9 @@ class Controller:
         """A request's round took `seconds` from one round's tokens to the next's. Beyond the
         target's forward a served round costs the same again whatever its draft rows: the calls
         through Triton, the responses streamed, the server's other processes taking the cores
-        between forwards (at one user ~6 ms on a 13 ms step). Drafts spread it over more tokens,
-        so the plan counts it; it is followed as the rounds' average excess over the forward
-        time the cost model gives for the rows in flight."""
+        between forwards (at one user on a CPU engine, a large fraction of a step). Drafts spread it
+        over more tokens, so the plan counts it; it is followed as the rounds' average excess over
+        the forward time the cost model gives for the rows in flight."""
         if self.target is None or not self.requests:
             return
         rows = sum(s.k + 1 for s in self.requests.values())

@@ -6,9 +6,8 @@ queued within its short delay to one execute()). Between two rounds a request sp
 milliseconds in the spec_decode process (accepting, streaming, proposing); a call that arrives
 while a forward runs goes into the next forward alone, the others' calls arrive just after that
 one started, and from then on the requests take turns: at 2 in flight each forward carries one
-of them, though a forward over 2 rows costs what one row does (measured at 4 in flight: 2.2
-calls a forward; chat baseline at c = 2 / 4 / 8: 32.5-35.8 / 54.9-58.0 / 66.3-68.3 tokens/s in
-turns, 46.1-51.5 / 72.8-76.2 / 85.8-91.0 in step).
+of them, though a forward over 2 rows costs about what one row does: in turns they take twice
+the forwards they need.
 
 So a ready call may wait for the members that are not ready (in the engine, or between rounds),
 when merging them into one forward saves more than the wait costs: T(ready) + T(missing) -
@@ -18,8 +17,8 @@ ready. A bound, `max_idle_wait_s`, caps each wait. Where rows cost their full pr
 flight, or a compute-bound CPU), turns are cheaper than the idle engine, and calls go at once.
 
 The calls released together leave as one where the engine takes calls of several rows
-(`send_together`: the PyTorch engine's client): sent one by one, the 16 calls of a round reached
-the engine over more than its batcher's delay and took two forward passes.
+(`send_together`: the PyTorch engine's client): sent one by one, a round's many calls can reach
+the engine over more than its batcher's delay and take two forward passes.
 """
 
 from __future__ import annotations

@@ -38,9 +38,9 @@ class Lead(Enum):
     OPENING = "the user's text's opening (Opening), in the prefill round"
 
 
-# A guess may lead where lookup's own match is shorter than this. Replaying the held-out grounded
-# prompts' outputs (copy_bound's way, with a smaller head trained on a quarter of the data):
-# 2.51x priced, against 2.48x from one token and 2.34x from three; 2.33x without guesses.
+# A guess may lead where lookup's own match is shorter than this. benchmarks/copy_bound.py's replay
+# of the held-out grounded prompts' outputs (with a smaller head trained on a quarter of the data)
+# priced 2 at 2.51x, against 2.48x for 1 and 2.34x for 3; 2.33x without guesses.
 GUESS_BELOW = 2
 
 
@@ -62,7 +62,8 @@ class NgramProposer:
         caller keeps them (PromptLookup), else found by a scan.
 
         In Python, not numpy: a sequence's suffix has a few occurrences, and after a forward has
-        emptied the caches each of the ~10 numpy calls of suffix_matches() took ~5 us."""
+        emptied the caches the dozen small calls of a numpy search cost more than walking those
+        few in Python."""
         tokens = list(tokens)
         if not tokens:
             return [], 0
@@ -126,10 +127,8 @@ class PromptLookup:
     run is cut short by what lookup finds after one token. Where a phrase index is given and finds
     a phrase of the model's after the sequence (PhraseIndex), that phrase leads before the guess.
     In the prefill round, where an Opening is given, the draft is the user's text's opening.
-    benchmarks/copy_bound.py, greedy outputs replayed with drafts of 15 and priced with the bf16
-    engine's forward times: held-out grounded prompts 3.00 tokens a round, 2.50x (2.90, 2.43x with
-    the guess alone leading short matches; 2.62 tokens a round without guesses); built-in
-    grounded 3.09, 2.57x (2.99, 2.50x)."""
+    benchmarks/copy_bound.py replays greedy outputs through it, with and without the guess and
+    the phrase index, priced with the engine's forward times."""
 
     def __init__(
         self,
@@ -139,9 +138,9 @@ class PromptLookup:
         phrase_wanted: Callable[[], bool] = lambda: True,
         opening: Opening | None = None,
     ):
-        """phrase_wanted: asked before the phrase index is searched (~0.1 ms a search), whether a
-        phrase's draft could be part of the next round (Controller.would_draft), as the engine is
-        asked for its guess only then."""
+        """phrase_wanted: asked before the phrase index is searched (a search costs far more than a
+        lookup), whether a phrase's draft could be part of the next round (Controller.would_draft),
+        as the engine is asked for its guess only then."""
         self.ngram, self.prompt_length, self.phrases = ngram, prompt_length, phrases
         self.phrase_wanted, self.opening = phrase_wanted, opening
         self._found = (-1, NO_MATCH)  # (length of the sequence searched, what was found)
@@ -171,10 +170,9 @@ class PromptLookup:
         if self._found[0] != len(tokens):
             self._follow(tokens)
             # In the prefill round the suffix is the prompt's own tail (after a chat template, the
-            # assistant header), which the answer does not continue: none of 168 such draft
-            # tokens over the built-in prompts was accepted, and they cost rows of every batch
-            # they joined. Lookup starts with the first generated token; the prefill round may
-            # draft the user's text's opening.
+            # assistant header), which the answer does not continue: such drafts are all but never
+            # accepted, and they cost rows of every batch they join. Lookup starts with the first
+            # generated token; the prefill round may draft the user's text's opening.
             found = NO_MATCH
             if len(tokens) == self.prompt_length:
                 if self.opening is not None and (span := self.opening.span(tokens)) is not None:

@@ -16,9 +16,9 @@ class Opening:
     request is often an instruction, a blank line and the passage, and its answer copies the
     passage from its start: a code rewrite its function's `def` line, a copy-edit and many
     summaries its first words. That is a draft for the prefill round, where lookup has nothing
-    (the prompt's tail is the chat template's assistant header). Replayed over the held-out
-    grounded prompts' greedy outputs, a draft of 15 from there had 7.4 tokens accepted on average
-    (all 15 for each of the 8 code rewrites, none for the 6 answers to a question).
+    (the prompt's tail is the chat template's assistant header). A code rewrite's answer mostly
+    accepts the whole draft, an answer to a question none of it (benchmarks/policy_replay.py
+    replays it with the profile's options).
 
     prefix, suffix: the chat template's tokens before and after a lone user turn's text; a prompt
     that is not framed by them (raw text, a conversation) has no opening. trailing: per token id,

@@ -34,17 +34,17 @@ class PhraseIndex:
     suggested edits for grammar, style, and clarity"), which other answers of its own hold: the
     draft is the continuation most of the longest matching suffix's occurrences share, a token at
     a time while at least `min_share` of the occurrences still agree (SuffixDecoding's idea,
-    arXiv:2411.04975, with a fixed corpus). Replayed (benchmarks/copy_bound.py): code rewrites +6%
-    tokens a second, the held-out and fresh grounded mixes +2%.
+    arXiv:2411.04975, with a fixed corpus). benchmarks/copy_bound.py replays what it adds to
+    prompt lookup.
 
     `tokens`: the outputs, each led by its prompt's last tokens (the chat template's assistant
     header: a match at an answer's start) and ended by SEPARATOR, which no draft crosses."""
 
     SEPARATOR = SEPARATOR
 
-    # Replayed over the held-out grounded outputs (HISTORY item 36), priced: from 2 matched tokens
-    # 2.107x, from 3 2.172x, from 4 2.188x (fresh prompts: 3 a little better); min_share 0, 0.3,
-    # 0.5: 2.172x, 2.183x, 2.186x from 3 tokens.
+    # min_n and min_share as benchmarks/copy_bound.py priced them over the held-out grounded
+    # outputs: from 2 matched tokens 2.107x, from 3 2.172x, from 4 2.188x (fresh prompts: 3 a
+    # little better); min_share 0, 0.3, 0.5: 2.172x, 2.183x, 2.186x from 3 tokens.
     def __init__(
         self, tokens: np.ndarray, min_n: int = 3, max_n: int = 16, min_share: float = 0.5, max_draft: int = 16
     ):
@@ -52,8 +52,8 @@ class PhraseIndex:
         self.min_n, self.max_n, self.min_share, self.max_draft = min_n, max_n, min_share, max_draft
         # Where each run of `lead` tokens ends, by the run's key (sorted; in corpus order within a
         # key): the occurrences of the sequence's last tokens are a binary search away. From the
-        # last token's occurrences alone (thousands for a common one, scattered over the 325k-token
-        # corpus) the search took ~0.1 ms a round.
+        # last token's occurrences alone (thousands for a common one, scattered over the corpus)
+        # the search would cost a share of every round.
         self.lead = min(min_n, KEY_TOKENS)
         keys = run_keys(self.tokens, self.lead)
         self._order = np.argsort(keys, kind="stable") + (self.lead - 1)
@@ -72,8 +72,9 @@ class PhraseIndex:
 
     def draft(self, tokens: Sequence[int]) -> list[int]:
         """The continuation the phrase index proposes after `tokens` (at most max_draft tokens;
-        [] where no suffix of min_n tokens occurs). Compiled (phrase_draft): right after a forward
-        has emptied the caches, its ~10 numpy calls took ~0.2 ms a round in Python."""
+        [] where no suffix of min_n tokens occurs). Compiled (phrase_draft): in Python, its ~10
+        numpy calls right after a forward has emptied the caches would cost a share of every
+        round."""
         if len(tokens) < self.lead:
             return []
         key = 0

@@ -3,7 +3,7 @@
 TensorRT-LLM 1.0 builds EAGLE-3 only in its PyTorch backend (the TensorRT-engine example is
 EAGLE-1: upstream.EAGLE3_ENGINE_PATH_WHERE), which Triton reaches through the LLM API, not through
 the tensorrtllm backend. This engine takes the same requests as a tensorrt_llm model (parsed by
-triton_io.parse_engine_request) and answers in the same layout (triton_io.engine_outputs), with
+tensors.parse_engine_request) and answers in the same layout (tensors.engine_outputs), with
 the engine's acceptance, so spec_decode's pass-through serves it unchanged.
 
 As upstream's own LLM-API Triton model does (upstream.LLMAPI_MODEL_WHERE), requests go to

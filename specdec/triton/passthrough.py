@@ -6,7 +6,7 @@ cache reuse makes the repeated prefix cheap), applies the same end / stop-word /
 the draft-verify loop (loop.Generation), and reports acceptance from the engine's perf-metric
 outputs (return_perf_metrics -> total_draft_tokens, total_accepted_draft_tokens).
 
-Same interface as spec_decode.SpecDecodeService (one injected `prepare(model, inputs, outputs,
+Same interface as service.SpecDecodeService (one injected `prepare(model, inputs, outputs,
 request_id)` that builds an engine call, `serve` yields Chunks), so the Triton adapter picks either by profile.
 Sequences are not released afterwards: every call is a finished request for the engine.
 """

@@ -185,8 +185,8 @@ class EngineClient:
             inputs[CACHE_SALT_INPUT] = _scalar(cache_salt.encode(), np.object_)
             inputs[SEQUENCE_KEY_INPUT] = _scalar(key.encode(), np.object_)
         # The same outputs whether or not this call wants the guess: send_together joins only
-        # calls that ask for the same ones, and at 16 users the calls asking and those not asking
-        # left as two calls and went into two forwards (HISTORY item 47).
+        # calls that ask for the same ones, and the calls asking and those not asking would leave
+        # as two calls and go into two forwards.
         guess = [GUESS_OUTPUT] if return_guess is not None else []
         # sequence_length too: the tensorrtllm backend fails a response without it (upstream.Written.REQUIRED)
         outputs = ["output_ids", "sequence_length"] + (["generation_logits"] if return_logits else []) + guess
@@ -197,9 +197,9 @@ class EngineClient:
     ) -> list[Awaitable[EngineReply] | Exception]:
         """Send calls at once: this client's, where its engine takes calls of several rows, as
         one call with a row for each (at most max_rows a call), the others one by one. Sent one
-        by one, the calls of 16 sequences reached the engine over more than its batcher's 1 ms
-        delay and went into two forward passes of 9-10 sequences on average (chat at 32 users
-        on the EPYC). The result of each call, or the exception that kept it from being sent."""
+        by one, a round's many calls can reach the engine over more than its batcher's delay and
+        go into two forward passes. The result of each call, or the exception that kept it from
+        being sent."""
         sent: list[Awaitable[EngineReply] | Exception | None] = [None] * len(calls)
         rows: dict[tuple, list[int]] = {}  # calls that can share a call: by their outputs and input names
         for i, call in enumerate(calls):
@@ -288,7 +288,7 @@ class SpecDecodeService:
                  warn: Callable[[str], None] = log.warning):  # fmt: skip
         self.profile = profile
         uniform = profile.backend == "pytorch"
-        # the engine's guesses lead prompt lookup's drafts where it matches little (proposers.py)
+        # the engine's guesses lead prompt lookup's drafts where it matches little (lookup.py)
         self.guesses = uniform and profile.speculation.ngram.guess_head is not None
         self.target = EngineClient(prepare, target_model, uniform, profile.engine.max_batch_size)
         self.draft = EngineClient(prepare, draft_model, uniform) if draft_model else None
@@ -451,7 +451,7 @@ class SpecDecodeService:
 
 
 def local_call(engines: dict[str, Engine]) -> PrepareCall:
-    """An PrepareCall that runs engines in this process, through the same request parsing and
+    """A PrepareCall that runs engines in this process, through the same request parsing and
     response layout as the Triton engine model, batching the calls that arrive together (as
     Triton's dynamic batcher does): the service without a server, for tests and benchmarks."""
     pending: dict[str, list] = {name: [] for name in engines}

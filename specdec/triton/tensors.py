@@ -262,7 +262,7 @@ def _check_sampled(params: SamplingParams, profile: Profile) -> None:
 # --- engine models -----------------------------------------------------------------------------
 def _given(inputs: dict, name: str) -> np.ndarray | None:
     """An optional input, None when absent or empty: spec_decode sends an empty draft where there
-    is none, so that all its calls carry the same inputs (see spec_decode.EngineClient)."""
+    is none, so that all its calls carry the same inputs (see service.EngineClient)."""
     value = inputs.get(name)
     return None if value is None or np.size(value) == 0 else np.asarray(value)
 

@@ -22,9 +22,9 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def prepare_call(model, inputs, outputs, request_id, decoupled=False):
-    """A BLS call to an engine model, built (~60 us); the send() it returns hands it to a thread
-    (async_exec(), ~20 us) and gives the awaitable of its outputs. A decoupled engine (the LLM
-    API's) answers with one response that carries outputs and a final flag, maybe in a last one."""
+    """A BLS call to an engine model, built; the send() it returns hands it to a thread
+    (async_exec()) and gives the awaitable of its outputs. A decoupled engine (the LLM API's)
+    answers with one response that carries outputs and a final flag, maybe in a last one."""
     request = pb_utils.InferenceRequest(
         model_name=model,
         inputs=[pb_utils.Tensor(name, arr) for name, arr in inputs.items()],
@@ -121,8 +121,8 @@ class TritonMetrics:
 
     def round(self, proposer, num_draft, num_accepted):
         if num_draft:
-            # counted here, labelled at flush(): a metric key a draft position cost ~45 us a round
-            # after a forward had emptied the caches
+            # counted here, labelled at flush(): a metric key per draft position, built every round,
+            # would be on the hot path
             self.rounds.setdefault(proposer, AcceptanceStats()).record(num_draft, num_accepted)
         if time.monotonic() - self.flushed > self.FLUSH_S:
             self.flush()
@@ -146,8 +146,8 @@ class Responses:
     """One request's responses, made and sent in order by a thread that serves every request
     (`sends`), which after each round also asks whether the client cancelled. Sending and
     asking are round trips to the Triton process that hold their thread (with the GIL released)
-    until Triton answers: done on the event loop they held up every other request's round (at
-    32 users, 42% of this model's busy time; HISTORY item 45) while the engine waited for the
+    until Triton answers: done on the event loop they would hold up every other request's round
+    (at many users, a large share of this model's busy time) while the engine waits for the
     round's calls. Made there too, a response's tensors are built while the loop waits."""
 
     def __init__(self, request, sends):
@@ -206,8 +206,8 @@ class TritonPythonModel:
 
         self.live = {}  # sequence id -> its Responses, for a relayed cancellation
         # async_exec() holds a thread of the event loop's default executor until the engine's
-        # response comes. The default pool has os.cpu_count() + 4 threads (6 on 2 cores): it
-        # capped the calls in flight at 6, and with them the requests one forward could serve.
+        # response comes. The default pool has os.cpu_count() + 4 threads (6 on 2 cores), which
+        # would cap the calls in flight, and with them the requests one forward can serve.
         # A thread for each sequence that may run (it makes one engine call at a time).
         self.engine_calls = ThreadPoolExecutor(self.profile.server.max_inflight, thread_name_prefix="engine_call")
         self.engine_calls_installed = False

@@ -264,7 +264,7 @@ def test_drafts_shrink_with_load():
 
 
 def blocks_of_14() -> ForwardCost:
-    """The target's forward on the EPYC: the matmul takes rows in blocks of 14, and the 15th row
+    """A target forward whose matmul takes rows in blocks of 14, and the 15th row
     starts a block (14 rows 14.7 ms, 15 rows 16.8)."""
     rows = list(range(1, 33))
     return ForwardCost(rows, [(10.9 + 0.27 * (r - 1) + 2.1 * ((r - 1) // 14)) / 1e3 for r in rows])

@@ -191,7 +191,7 @@ def test_calls_that_ask_for_the_guess_and_calls_that_do_not_share_a_call(
 ):
     """A request that may not draft does not ask for the engine's guess; its calls still leave
     with those of requests that do: asking for other outputs, they went as a second call into a
-    second forward (HISTORY item 47)."""
+    second forward."""
     svc, engines = in_step_service(tiny_target, tiny_draft, tmp_path, monkeypatch, guess_head=tiny_guess_head)
     asked = []  # each target call's rows: which asked for the guess
 

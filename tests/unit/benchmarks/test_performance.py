@@ -1,0 +1,81 @@
+"""benchmarks/performance.py: docs/performance.md is what the results in the tree give, and a
+results folder becomes a section a benchmark with its command, machine and tables."""
+
+from __future__ import annotations
+
+import json
+
+import performance
+from performance import DOC, RESULTS, render, update
+
+MACHINE = {"cpu": "Test CPU", "logical_cores": 4, "memory_gib": 8.0, "gpus": [], "load_average": [0.5, 0.4, 0.3]}
+
+
+def test_the_document_is_what_the_results_in_the_tree_give():
+    assert DOC.is_file(), "docs/performance.md is missing: run .venv/bin/python benchmarks/performance.py"
+    assert DOC.read_text() == render(), "docs/performance.md differs: run .venv/bin/python benchmarks/performance.py"
+
+
+def test_each_script_that_writes_results_has_a_folder_of_its_own():
+    folders = {path.name for path in RESULTS.iterdir() if path.is_dir()}
+    assert folders == {script for script, _, _ in performance.SECTIONS}
+
+
+def test_the_defaults_it_leaves_out_of_a_command_are_the_scripts():
+    from targets import CONCURRENCY
+
+    assert performance.TARGETS_CONCURRENCY == CONCURRENCY
+
+
+def _write(path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
+    results, doc = tmp_path / "benchmarks" / "results", tmp_path / "docs" / "performance.md"
+    level = {"workload": "grounded", "prompts": "mine.jsonl", "concurrency": 1}
+    _write(results / "targets" / "targets.json",
+           json.dumps({"machine": MACHINE, "decoding": "temperature 0.7, top_p 0.9", "levels": [level]}))  # fmt: skip
+    _write(results / "targets" / "targets.md", "Machine: Test CPU.\n\n| figure |\n|---|\n\n![ratios](targets.png)\n")
+    _write(results / "copy_bound" / "copy_bound.md", "Machine: Other CPU, 2 cores. Forward ms.\n\n| task |\n")
+    _write(results / "copy_bound" / "copy_bound.json",
+           json.dumps({"tasks": [{"kind": "code"}, {"kind": "held.jsonl (all)"}]}))  # fmt: skip
+    soak = {"machine": MACHINE, "requests": 10, "concurrency": 2, "outcomes": {"greedy (text): as expected": 10},
+            "unexpected": [], "resident_mib": [[0, 100.0], [5, 101.0]], "kv_slots_in_use_at_end": 0.0}  # fmt: skip
+    _write(results / "soak" / "soak.json", json.dumps(soak))
+    gpu = {
+        "machine": {**MACHINE, "gpus": ["NVIDIA H100, 81559 MiB"]}, "torch": "2.5", "device": "NVIDIA H100",
+        "dtype": "torch.bfloat16", "seconds": 120.0,
+        "model": {"shape": {"num_hidden_layers": 30}, "weights": "random", "draft_layers": 4},
+        "exactness": {"all_exact": True, "checks": [{"exact": True}, {"exact": True}]},
+        "verification_cost": {"rows": [1, 2], "seconds": [0.01, 0.011], "relative_to_one_row": [1.0, 1.1]},
+        "throughput": [{"requests": 1, "proposer": "none", "tokens_per_s": 50.0, "acceptance": 0.0},
+                       {"requests": 1, "proposer": "ngram", "tokens_per_s": 100.0, "acceptance": 0.5, "speedup": 2.0}],
+    }  # fmt: skip
+    _write(results / "gpu_check" / "gpu_check.json", json.dumps(gpu))
+
+    text = render(results, doc)
+    targets, readme, copy_bound, crosscheck, soak_, gpu_check = text.split("\n## ")[1:]
+    assert ("`.venv/bin/python benchmarks/targets.py --grounded mine.jsonl --concurrency 1 --temperature 0.7 "
+            "--top-p 0.9`") in targets  # fmt: skip
+    assert "- Ran on: Test CPU, 4 cores, 8.0 GiB, no GPU, 1-minute load average 0.5 when written" in targets
+    assert "![ratios](../benchmarks/results/targets/targets.png)" in targets  # the report's image, from docs/
+    assert "No run in benchmarks/results/readme/ yet." in readme
+    assert "`.venv/bin/python benchmarks/copy_bound.py --workload held.jsonl`" in copy_bound
+    assert "- Ran on: Other CPU, 2 cores" in copy_bound and "| task |" in copy_bound
+    assert "No run in benchmarks/results/crosscheck/ yet." in crosscheck
+    assert "`.venv/bin/python benchmarks/soak.py --requests 10 --concurrency 2`" in soak_
+    assert "| greedy (text): as expected | 10 |" in soak_ and "0: 100, 5: 101" in soak_
+    assert "NVIDIA H100, 81559 MiB" in gpu_check and "| 2 | 11.00 | 1.10x |" in gpu_check
+    assert "| 1 | ngram | 100.0 | 50% | 2.00x |" in gpu_check
+    assert "`python3 benchmarks/gpu_check.py`" in gpu_check
+
+
+def test_only_a_run_into_the_trees_results_rewrites_the_document(tmp_path, monkeypatch):
+    written = []
+    monkeypatch.setattr(performance, "write", lambda: written.append(True))
+    update(tmp_path)  # a run with --out elsewhere (the tests' own runs)
+    assert written == []
+    update(RESULTS / "gpu_check")
+    assert written == [True]
