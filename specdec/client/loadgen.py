@@ -261,7 +261,7 @@ async def open_loop(
     await asyncio.gather(*tasks)
 
 
-Send = Callable[[Prompt, RequestParams], Awaitable[Record]]
+SendRequest = Callable[[Prompt, RequestParams], Awaitable[Record]]
 
 
 def level_summaries(level: LevelResult, arms: Iterable[Arm], slo: SLO) -> dict[str, ArmSummary]:
@@ -345,14 +345,14 @@ class LoadGenerator:
         server = {"url": self.url, "transport": cfg.transport, "pid": self.server_pid, "metrics_url": self.metrics_url}
         return BenchResult(cfg, self.prompts, levels, server, self.started)
 
-    async def _timed(self, send: Send, prompt: Prompt, params: RequestParams) -> Record:
+    async def _timed(self, send: SendRequest, prompt: Prompt, params: RequestParams) -> Record:
         return await within(send(prompt, params), self.config.request_timeout)
 
     def _seed(self, prompt: int) -> int | None:
         """Sampling: the same prompt gets the same seed in every arm; greedy needs none."""
         return None if self.config.temperature is None else self.config.seed + prompt
 
-    async def _warm_up(self, send: Send, progress) -> None:
+    async def _warm_up(self, send: SendRequest, progress) -> None:
         cfg = self.config
         if cfg.warmup <= 0:
             return
@@ -371,7 +371,7 @@ class LoadGenerator:
         deadline = time.monotonic() + cfg.duration
         await closed_loop(interleaved(len(cfg.arms), cfg.warmup), one, concurrency, deadline)
 
-    async def _level(self, send: Send, workload: str, load: Load, progress) -> LevelResult:
+    async def _level(self, send: SendRequest, workload: str, load: Load, progress) -> LevelResult:
         cfg = self.config
         prompts = self.prompts[workload]
         arms = cfg.arms

@@ -19,6 +19,7 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 DRAIN, CANCEL = "drain", "cancel"
@@ -28,7 +29,12 @@ STATE_CHECK_S = 0.02
 
 
 class Overloaded(RuntimeError):
-    """More requests than the server runs and queues, or a server shutting down."""
+    """More requests than the server runs and queues ("overloaded"), or a server shutting down
+    ("shutdown"): `reason`."""
+
+    def __init__(self, message: str, reason: str = "overloaded"):
+        super().__init__(message)
+        self.reason = reason
 
 
 def drain_path(build_dir: Path) -> Path:
@@ -48,17 +54,35 @@ def drain_state(path: Path) -> str:
 
 
 class Admission:
-    def __init__(self, max_inflight: int, max_queue: int, drain_file: Path | None = None):
+    """on_change(running, queued) is called whenever either count changes, on_refused(reason)
+    with each refusal's Overloaded.reason."""
+
+    def __init__(
+        self,
+        max_inflight: int,
+        max_queue: int,
+        drain_file: Path | None = None,
+        on_change: Callable[[int, int], None] = lambda running, queued: None,
+        on_refused: Callable[[str], None] = lambda reason: None,
+    ):
         self.max_inflight, self.max_queue = max_inflight, max_queue
         self.drain_file = drain_file
+        self.on_change, self.on_refused = on_change, on_refused
         self._state, self._checked = "", -math.inf
         self.active = 0
         self._queue: deque[asyncio.Future] = deque()
 
     @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
     def in_flight(self) -> int:
         """Running and waiting requests."""
         return self.active + len(self._queue)
+
+    def _changed(self) -> None:
+        self.on_change(self.active, len(self._queue))
 
     def state(self) -> str:
         """drain_state() of the drain file, read at most every STATE_CHECK_S."""
@@ -70,21 +94,26 @@ class Admission:
     @contextlib.asynccontextmanager
     async def admitted(self):
         if self.state():
-            raise Overloaded("server shutting down: not accepting new requests")
+            self.on_refused("shutdown")
+            raise Overloaded("server shutting down: not accepting new requests", "shutdown")
         if self.active < self.max_inflight:
             self.active += 1
+            self._changed()
         else:
             if len(self._queue) >= self.max_queue:
+                self.on_refused("overloaded")
                 raise Overloaded(
                     f"server busy: {self.active} requests in flight and {len(self._queue)} queued; retry later"
                 )
             place = asyncio.get_running_loop().create_future()
             self._queue.append(place)
+            self._changed()
             try:
                 await place  # a finishing request hands its place over
             except asyncio.CancelledError:
                 if not place.done():
                     self._queue.remove(place)
+                    self._changed()
                     raise
                 self._hand_over()
                 raise
@@ -98,5 +127,7 @@ class Admission:
             place = self._queue.popleft()
             if not place.done():
                 place.set_result(None)
+                self._changed()
                 return
         self.active -= 1
+        self._changed()

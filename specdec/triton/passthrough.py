@@ -27,6 +27,8 @@ from specdec.triton.service import (
     Metrics,
     NoMetrics,
     PrepareCall,
+    RequestClock,
+    admission_for,
     new_sequence_key,
     request_sampling,
 )
@@ -66,9 +68,9 @@ class PassthroughService:
         self.chunk = profile.trtllm.passthrough_chunk
         self.label = profile.trtllm.mode  # the proposer, for metrics
         self.metrics = metrics or NoMetrics()
+        self.admission = admission_for(profile, self.metrics, profile.server.max_inflight)
         self.warn = warn
         self.warned = False
-        self.in_flight = 0
 
     def _ignored_controls(self, req: SpecDecodeRequest) -> None:
         """draft_method and num_draft_tokens do not reach in-engine speculation: say so, once."""
@@ -100,28 +102,28 @@ class PassthroughService:
 
         target = EngineClient(prepare_with_metrics, self.target_model)
         final = Chunk([], True, gen)
-        self.in_flight += 1
-        self.metrics.in_flight(self.in_flight)
-        try:
-            while not gen.finished:
-                if is_cancelled():
-                    gen.finish_reason = "cancelled"
-                    break
-                remaining = req.spec.max_tokens - len(gen.generated)
-                asked = min(self.chunk, remaining) if req.stream else remaining
-                ids, _, _ = await target.generate(gen.tokens, asked, sampling, key, end_id)
-                new = gen.accept([], ids) if ids else []
-                if not gen.finished and len(ids) < asked:
-                    gen.finish_reason = "eos"  # the engine ended at its end token and left it out
-                record_engine_round(
-                    gen.stats, len(ids), perf["total_draft_tokens"], perf["total_accepted_draft_tokens"]
-                )
-                if gen.finished:
-                    final = Chunk(new, True, gen)
-                else:
-                    yield Chunk(new, False, gen)
-        finally:
-            self.in_flight -= 1
-            self.metrics.finished(self.label, gen.finish_reason or "error", len(gen.generated))
-            self.metrics.in_flight(self.in_flight)
+        clock = RequestClock()
+        async with self.admission.admitted():
+            clock.admit()
+            try:
+                while not gen.finished:
+                    if is_cancelled():
+                        gen.finish_reason = "cancelled"
+                        break
+                    remaining = req.spec.max_tokens - len(gen.generated)
+                    asked = min(self.chunk, remaining) if req.stream else remaining
+                    ids, _, _ = await target.generate(gen.tokens, asked, sampling, key, end_id)
+                    new = gen.accept([], ids) if ids else []
+                    if not gen.finished and len(ids) < asked:
+                        gen.finish_reason = "eos"  # the engine ended at its end token and left it out
+                    record_engine_round(
+                        gen.stats, len(ids), perf["total_draft_tokens"], perf["total_accepted_draft_tokens"]
+                    )
+                    clock.tokens(new)
+                    if gen.finished:
+                        final = Chunk(new, True, gen)
+                    else:
+                        yield Chunk(new, False, gen)
+            finally:
+                self.metrics.finished(self.label, gen.finish_reason or "error", len(gen.generated), clock.timing())
         yield final

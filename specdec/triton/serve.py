@@ -28,7 +28,7 @@ from specdec.config import Profile
 from specdec.speculation.admission import CANCEL, DRAIN, drain_path
 
 CONTAINER_SERVER = Path("/opt/tritonserver")
-IN_FLIGHT = "specdec_requests_in_flight"
+IN_FLIGHT = ("specdec_requests_running{", "specdec_requests_queued{")  # spec_decode's gauges
 
 
 class ServerError(RuntimeError):
@@ -237,13 +237,13 @@ class TritonServer:
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
 
     def requests_in_flight(self) -> float | None:
-        """spec_decode's gauge of running and queued requests; None if metrics do not answer."""
+        """spec_decode's running and queued requests; None if metrics do not answer."""
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=2) as resp:
                 text = resp.read().decode("utf-8", errors="replace")
         except OSError:
             return None
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(IN_FLIGHT + "{"))
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(IN_FLIGHT))
 
     def drain(self, finish_seconds: float = 10.0, cancel_seconds: float = 5.0) -> None:
         """Before SIGTERM (see specdec/speculation/admission.py): refuse new requests, give in-flight ones

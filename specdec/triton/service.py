@@ -62,32 +62,76 @@ class EngineError(RuntimeError):
     """An engine call failed; the message is the engine's."""
 
 
+@dataclass(frozen=True)
+class Timing:
+    """A request's times from its arrival, in seconds: when it was admitted (its wait in the
+    queue), when its first tokens were generated (streamed or not), and when it ended."""
+
+    queued_s: float
+    first_token_s: float
+    total_s: float
+
+
+class RequestClock:
+    """Takes a request's Timing as it goes."""
+
+    def __init__(self):
+        self.arrived = time.perf_counter()
+        self.admitted: float | None = None
+        self.first_token: float | None = None
+
+    def admit(self) -> None:
+        self.admitted = time.perf_counter()
+
+    def tokens(self, new: list[int]) -> None:
+        if new and self.first_token is None:
+            self.first_token = time.perf_counter()
+
+    def timing(self) -> Timing:
+        now = time.perf_counter()
+        admitted, first = self.admitted or now, self.first_token or now
+        return Timing(admitted - self.arrived, first - self.arrived, now - self.arrived)
+
+
 class Metrics(Protocol):
-    """A request's start calls in_flight(), its end finished() then in_flight(): in_flight()
-    is where an implementation sends what it recorded (one round trip per start and end)."""
+    """What the services report, as it happens. load(running, queued) follows the admission's
+    counts: called when a request is queued, starts and ends, it is where an implementation may
+    send what it recorded."""
 
     def round(self, proposer: str, num_draft: int, num_accepted: int) -> None: ...
-    def finished(self, proposer: str, reason: str, num_tokens: int) -> None: ...
     def fallback(self, proposer: str) -> None: ...
-    def draft_length(self, proposer: str, mean_k: float) -> None: ...
-    def in_flight(self, requests: int) -> None: ...
+    def refused(self, reason: str) -> None: ...
+    def finished(self, proposer: str, reason: str, num_tokens: int, timing: Timing) -> None: ...
+    def load(self, running: int, queued: int) -> None: ...
 
 
 class NoMetrics:
     def round(self, proposer: str, num_draft: int, num_accepted: int) -> None:
         pass
 
-    def finished(self, proposer: str, reason: str, num_tokens: int) -> None:
-        pass
-
     def fallback(self, proposer: str) -> None:
         pass
 
-    def draft_length(self, proposer: str, mean_k: float) -> None:
+    def refused(self, reason: str) -> None:
         pass
 
-    def in_flight(self, requests: int) -> None:
+    def finished(self, proposer: str, reason: str, num_tokens: int, timing: Timing) -> None:
         pass
+
+    def load(self, running: int, queued: int) -> None:
+        pass
+
+
+def admission_for(profile: Profile, metrics: Metrics, max_inflight: int) -> Admission:
+    """The profile's admission (server.max_inflight, server.max_queue, the drain file), reporting
+    its counts and refusals to `metrics`."""
+    return Admission(
+        max_inflight,
+        profile.server.max_queue,
+        drain_path(profile.build_path()),
+        on_change=metrics.load,
+        on_refused=metrics.refused,
+    )
 
 
 class EngineReply(NamedTuple):
@@ -304,11 +348,7 @@ class SpecDecodeService:
         self.lockstep = Lockstep(profile.server.batch_wait_ms / 1000, self._target_forward_s, self.target.send_together)
         self._costs_checked = -math.inf
         self._cost_mtimes: dict[str, float] = {}
-        self.admission = Admission(
-            min(profile.server.max_inflight, profile.engine.kv_slots),
-            profile.server.max_queue,
-            drain_path(profile.build_path()),
-        )
+        self.admission = admission_for(profile, self.metrics, min(profile.server.max_inflight, profile.engine.kv_slots))
 
     def _proposer(
         self, name: str, sampling: SamplingParams, key: str, end_id: int | None, prompt_length: int, salt: str
@@ -390,8 +430,9 @@ class SpecDecodeService:
             return is_cancelled() or self.admission.state() == CANCEL
 
         final = Chunk([], True, gen)
+        clock = RequestClock()
         async with self.admission.admitted():
-            self.metrics.in_flight(self.admission.in_flight)
+            clock.admit()
             self._load_costs()
             self.controller.start(key, req.proposer, req.spec.num_draft_tokens, sampled=not sampling.greedy)
             try:
@@ -404,7 +445,7 @@ class SpecDecodeService:
                         round_start = time.perf_counter()
                         self.controller.observe(key, stats.last_draft, stats.last_accepted)
                         self.metrics.round(req.proposer, stats.last_draft, stats.last_accepted)
-                        self.metrics.draft_length(req.proposer, self.controller.mean_k(req.proposer))
+                        clock.tokens(new)
                         if gen.finished:
                             final = Chunk(new, True, gen)
                         else:
@@ -414,8 +455,7 @@ class SpecDecodeService:
             finally:
                 self.controller.finish(key)
                 await self._release(key, draft_used=req.proposer == "draft_model")
-                self.metrics.finished(req.proposer, gen.finish_reason or "error", len(gen.generated))
-        self.metrics.in_flight(self.admission.in_flight)
+                self.metrics.finished(req.proposer, gen.finish_reason or "error", len(gen.generated), clock.timing())
         yield final
 
     def _target_forward_s(self, rows: int) -> float:

@@ -362,3 +362,42 @@ def test_the_server_still_serves_after_bad_input(server):
     status, text = _post(server, "ensemble", {"text_input": "What is 2+2?", "max_tokens": 8})
     assert status == 200 and json.loads(text)["text_output"]
     assert np.isfinite(json.loads(text)["acceptance_rate"])
+
+
+def test_operator_metrics_have_prometheus_names_units_and_types(server, prompt_ids, tokenizer):
+    """Latency histograms in seconds, refusals by reason, running and queued apart, rounds by the
+    draft length chosen (counters that sum across replicas), the KV cache's capacity."""
+    records = generate_all(server, prompt_ids[:3], _params(4, "ngram", tokenizer)[:3])
+    bad = asyncio.run(_generate_one(server, "Hi", RequestParams(max_tokens=0)))  # refused by preprocessing
+    worse = asyncio.run(_generate_one(server, "Hi", RequestParams(max_tokens=4, num_draft_tokens=99)))  # spec_decode
+    assert "max_tokens" in bad.error and "num_draft_tokens" in worse.error
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    for name in ("time_to_first_token", "time_per_output_token", "request_duration", "queue_duration"):
+        assert types[f"specdec_{name}_seconds"] == "histogram", name
+        assert sum(metric_values(text, f"specdec_{name}_seconds_count", proposer="ngram")) >= 3
+        buckets = [line for line in text.splitlines() if line.startswith(f"specdec_{name}_seconds_bucket{{")]
+        assert any('le="+Inf"' in line for line in buckets)
+    assert types["specdec_requests_refused_total"] == "counter"
+    for model in ("preprocessing", "spec_decode"):
+        assert sum(metric_values(text, "specdec_requests_refused_total", model=model, reason="invalid_argument")) >= 1
+    assert types["specdec_requests_running"] == types["specdec_requests_queued"] == "gauge"
+    assert (
+        sum(metric_values(text, "specdec_requests_running")) == sum(metric_values(text, "specdec_requests_queued")) == 0
+    )
+    rounds_by_length = {
+        int(re.search(r'draft_tokens="(\d+)"', line)[1]): float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("specdec_verification_rounds_total{") and 'proposer="ngram"' in line
+    }
+    assert max(rounds_by_length) <= server.profile.speculation.max_draft_tokens
+    assert 4 in rounds_by_length and sum(rounds_by_length.values()) >= len(records)
+    assert sum(metric_values(text, "specdec_kv_slots_capacity")) > 0
+    assert all(
+        not name.endswith("_total") or kind == "counter" for name, kind in types.items() if name.startswith("specdec_")
+    )
+
+
+async def _generate_one(server, prompt, params):
+    async with TritonClient(server.grpc_url) as client:
+        return await client.generate(prompt, params)

@@ -16,6 +16,13 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.profile = load_profile(params["profile"])
         self.tokenizer = TextTokenizer(params["tokenizer_dir"])
+        # the family spec_decode counts its refusals in (Triton merges families of one name); a
+        # MetricFamily must outlive its metrics: both kept
+        self.refusal_family = pb_utils.MetricFamily(
+            name="specdec_requests_refused_total", description="Requests refused, by reason",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )  # fmt: skip
+        self.refusals = self.refusal_family.Metric(labels={"model": "preprocessing", "reason": "invalid_argument"})
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
@@ -26,6 +33,7 @@ class TritonPythonModel:
             ids = self.tokenizer.prompt_ids(req.text, req.apply_chat_template)
             check_context(len(ids), req.max_tokens, self.profile.engine.max_seq_len)
         except InvalidInput as err:
+            self.refusals.increment(1)
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG))
         end_id = req.end_id if req.end_id is not None else self.tokenizer.eos_id
         stop_words = stop_words_to_list([self.tokenizer.encode(w) for w in req.stop_words])

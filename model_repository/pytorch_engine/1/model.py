@@ -46,7 +46,7 @@ class TritonPythonModel:
             pb_utils.MetricFamily(name=name, description=doc, kind=kind)
             for name, doc, kind in (
                 ("specdec_kv_slots_in_use", "KV cache slots held by live sequences", pb_utils.MetricFamily.GAUGE),
-                ("specdec_kv_slots_total", "KV cache slots", pb_utils.MetricFamily.GAUGE),
+                ("specdec_kv_slots_capacity", "KV cache slots", pb_utils.MetricFamily.GAUGE),
                 ("specdec_kv_reused_prefix_tokens_total",
                  "Prompt tokens whose keys/values a new request reused from an ended one's prefix",
                  pb_utils.MetricFamily.COUNTER),

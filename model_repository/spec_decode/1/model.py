@@ -53,53 +53,80 @@ def prepare_call(model, inputs, outputs, request_id, decoupled=False):
     return lambda: outputs_of(request.async_exec())
 
 
+# Histogram buckets, seconds: from a short answer on a GPU to a long one on two CPU cores.
+BUCKETS = {
+    "ttft": [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+    "tpot": [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28],
+    "duration": [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+    "queue": [0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0],
+}
+
+
 class TritonMetrics:
-    """Prometheus counters on Triton's metrics port, labelled by model and proposer.
+    """Prometheus metrics on Triton's metrics port (specdec.triton.service.Metrics), labelled by
+    model and proposer, in Prometheus's conventions: counters end in _total, durations are
+    histograms in seconds, the draft length chosen is a counter of rounds by length (so that it
+    sums across replicas).
 
     Each metric update is a round trip to the Triton process that blocks this model's event loop
-    (and every request on it): a round of 8 drafts made about 20 of them. So updates collect here
-    and go out when a request starts or ends, and at most every FLUSH_S while requests run."""
+    (and every request on it), and a round of 8 drafts makes about 20: so updates collect here and
+    go out when the load changes (a request queued, started, ended), at a refusal, and at most
+    every FLUSH_S while requests run."""
 
     FLUSH_S = 1.0
 
     def __init__(self, model):
-        def family(name, doc, kind=pb_utils.MetricFamily.COUNTER):
-            return pb_utils.MetricFamily(name=name, description=doc, kind=kind)
-
+        counter, gauge, histogram = (pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE,
+                                     pb_utils.MetricFamily.HISTOGRAM)  # fmt: skip
         self.model = model
         self.families = {
-            "drafts": family("specdec_drafts_total", "Verification rounds that carried draft tokens"),
-            "draft_tokens": family("specdec_draft_tokens_total", "Draft tokens proposed"),
-            "accepted": family("specdec_accepted_tokens_total", "Draft tokens accepted by the target"),
-            "position": family("specdec_accepted_tokens_per_position_total", "Accepted draft tokens by draft position"),
-            "drafted_position": family("specdec_draft_tokens_per_position_total", "Draft tokens by draft position"),
-            "requests": family("specdec_requests_total", "Finished requests by proposer and finish reason"),
-            "tokens": family("specdec_output_tokens_total", "EngineReply tokens"),
-            "fallbacks": family("specdec_proposer_fallbacks_total", "Requests whose proposer failed midway"),
-            "in_flight": family(
-                "specdec_requests_in_flight", "Requests running or queued in spec_decode", pb_utils.MetricFamily.GAUGE
-            ),
-            "draft_length": family(
-                "specdec_draft_length", "Mean draft length of the requests in flight", pb_utils.MetricFamily.GAUGE
-            ),
-        }
+            kind: pb_utils.MetricFamily(name=name, description=doc, kind=k)
+            for kind, name, doc, k in (
+                ("drafts", "specdec_drafts_total", "Verification rounds that carried draft tokens", counter),
+                ("draft_tokens", "specdec_draft_tokens_total", "Draft tokens proposed", counter),
+                ("accepted", "specdec_accepted_tokens_total", "Draft tokens accepted by the target", counter),
+                ("position", "specdec_accepted_tokens_per_position_total", "Accepted draft tokens by draft position",
+                 counter),
+                ("drafted_position", "specdec_draft_tokens_per_position_total", "Draft tokens by draft position",
+                 counter),
+                ("rounds", "specdec_verification_rounds_total", "Verification rounds by the draft length chosen",
+                 counter),
+                ("requests", "specdec_requests_total", "Finished requests by proposer and finish reason", counter),
+                ("refused", "specdec_requests_refused_total", "Requests refused, by reason", counter),
+                ("tokens", "specdec_output_tokens_total", "Tokens generated", counter),
+                ("fallbacks", "specdec_proposer_fallbacks_total", "Requests whose proposer failed midway", counter),
+                ("running", "specdec_requests_running", "Requests running in spec_decode", gauge),
+                ("queued", "specdec_requests_queued", "Requests waiting to run in spec_decode", gauge),
+                ("ttft", "specdec_time_to_first_token_seconds", "From arrival to the first generated tokens",
+                 histogram),
+                ("tpot", "specdec_time_per_output_token_seconds",
+                 "(request duration - time to first token) / (output tokens - 1)", histogram),
+                ("duration", "specdec_request_duration_seconds", "From arrival to the last token", histogram),
+                ("queue", "specdec_queue_duration_seconds", "From arrival to admission", histogram),
+            )
+        }  # fmt: skip
         self.cache = {}
         self.increments = collections.Counter()  # metric key -> amount not yet sent
         self.gauges = {}  # metric key -> latest value not yet sent
+        self.observations = []  # (metric key, value) not yet sent
         self.rounds = {}  # proposer -> its rounds not yet sent (specdec.speculation.loop.AcceptanceStats)
+        self.lengths = collections.Counter()  # (proposer, draft length) -> rounds not yet sent
         self.flushed = time.monotonic()
 
     def _key(self, kind, **labels):
         key = (kind, *sorted(labels.items()))
         if key not in self.cache:
-            self.cache[key] = self.families[kind].Metric(labels={"model": self.model, **labels})
+            labels = {"model": self.model, **labels}
+            buckets = BUCKETS.get(kind)
+            self.cache[key] = (self.families[kind].Metric(labels=labels, buckets=buckets) if buckets
+                               else self.families[kind].Metric(labels=labels))  # fmt: skip
         return key
 
     def _add(self, kind, amount, **labels):
         self.increments[self._key(kind, **labels)] += amount
 
-    def _set(self, kind, value, **labels):
-        self.gauges[self._key(kind, **labels)] = value
+    def _observe(self, kind, value, **labels):
+        self.observations.append((self._key(kind, **labels), value))
 
     def flush(self):
         for proposer, stats in self.rounds.items():
@@ -111,35 +138,50 @@ class TritonMetrics:
                     if n:  # a position never accepted gets no counter yet
                         self._add(kind, n, proposer=proposer, position=str(i + 1))
         self.rounds.clear()
+        for (proposer, length), n in self.lengths.items():
+            self._add("rounds", n, proposer=proposer, draft_tokens=str(length))
+        self.lengths.clear()
         for key, amount in self.increments.items():
             self.cache[key].increment(amount)
         for key, value in self.gauges.items():
             self.cache[key].set(value)
+        for key, value in self.observations:
+            self.cache[key].observe(value)
         self.increments.clear()
         self.gauges.clear()
+        self.observations.clear()
         self.flushed = time.monotonic()
 
     def round(self, proposer, num_draft, num_accepted):
+        # counted here, labelled at flush(): a metric key per draft position, built every round,
+        # would be on the hot path
+        self.lengths[proposer, num_draft] += 1
         if num_draft:
-            # counted here, labelled at flush(): a metric key per draft position, built every round,
-            # would be on the hot path
             self.rounds.setdefault(proposer, AcceptanceStats()).record(num_draft, num_accepted)
         if time.monotonic() - self.flushed > self.FLUSH_S:
             self.flush()
 
-    def draft_length(self, proposer, mean_k):
-        self._set("draft_length", mean_k, proposer=proposer)
+    def load(self, running, queued):
+        self.gauges[self._key("running")] = running
+        self.gauges[self._key("queued")] = queued
+        self.flush()
 
-    def in_flight(self, requests):
-        self._set("in_flight", requests)
-        self.flush()  # a request started or ended (after finished()): one flush each, the gauge current
+    def refused(self, reason):
+        self._add("refused", 1, reason=reason)
+        self.flush()
 
     def fallback(self, proposer):
         self._add("fallbacks", 1, proposer=proposer)
 
-    def finished(self, proposer, reason, num_tokens):
+    def finished(self, proposer, reason, num_tokens, timing):
         self._add("requests", 1, proposer=proposer, reason=reason)
         self._add("tokens", num_tokens, proposer=proposer)
+        self._observe("queue", timing.queued_s, proposer=proposer)
+        if num_tokens:
+            self._observe("ttft", timing.first_token_s, proposer=proposer)
+            self._observe("duration", timing.total_s, proposer=proposer)
+        if num_tokens > 1:
+            self._observe("tpot", (timing.total_s - timing.first_token_s) / (num_tokens - 1), proposer=proposer)
 
 
 class Responses:
@@ -195,10 +237,11 @@ class TritonPythonModel:
         # In-engine speculation (TensorRT-LLM EAGLE-3, Medusa, ...): pass through to the target.
         service = PassthroughService if drafts_in_engine(self.profile) else SpecDecodeService
         decoupled = decoupled_engines(self.profile)
+        self.metrics = TritonMetrics(config["name"])
         self.service = service(
             self.profile,
             lambda model, *args: prepare_call(model, *args, decoupled=model in decoupled),
-            TritonMetrics(config["name"]),
+            self.metrics,
             target_model=params["target_model"],
             draft_model=params["draft_model"] or None,
             warn=pb_utils.Logger.log_warn,
@@ -253,6 +296,7 @@ class TritonPythonModel:
                 else:
                     responses.round()
         except InvalidInput as err:
+            self.metrics.refused("invalid_argument")
             responses.error(str(err), pb_utils.TritonError.INVALID_ARG)
         except Overloaded as err:
             responses.error(str(err), pb_utils.TritonError.UNAVAILABLE)

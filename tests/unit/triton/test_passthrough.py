@@ -92,18 +92,19 @@ class RecordingMetrics(NoMetrics):
     def __init__(self):
         self.events: list[tuple] = []
 
-    def finished(self, proposer, reason, num_tokens):
+    def finished(self, proposer, reason, num_tokens, timing):
+        assert 0 <= timing.queued_s <= timing.first_token_s <= timing.total_s
         self.events.append(("finished", proposer, reason, num_tokens))
 
-    def in_flight(self, requests):
-        self.events.append(("in_flight", requests))
+    def load(self, running, queued):
+        self.events.append(("load", running, queued))
 
 
-def test_in_flight_gauge_and_finish_are_reported_even_when_the_engine_fails(profile):
+def test_load_and_finish_are_reported_even_when_the_engine_fails(profile):
     metrics = RecordingMetrics()
     service = PassthroughService(profile, FakeTrtllm(), metrics)
     asyncio.run(_serve(service, _request(40, stream=True)))
-    assert metrics.events == [("in_flight", 1), ("finished", "lookahead", "length", 40), ("in_flight", 0)]
+    assert metrics.events == [("load", 1, 0), ("finished", "lookahead", "length", 40), ("load", 0, 0)]
 
     async def engine_down():
         raise RuntimeError("engine down")
@@ -114,7 +115,7 @@ def test_in_flight_gauge_and_finish_are_reported_even_when_the_engine_fails(prof
     metrics.events.clear()
     with pytest.raises(RuntimeError, match="engine down"):
         asyncio.run(_serve(PassthroughService(profile, failing, metrics), _request(40, stream=True)))
-    assert metrics.events == [("in_flight", 1), ("finished", "lookahead", "error", 0), ("in_flight", 0)]
+    assert metrics.events == [("load", 1, 0), ("finished", "lookahead", "error", 0), ("load", 0, 0)]
 
 
 def test_without_streaming_one_call(profile):
