@@ -69,7 +69,7 @@ def cmd_train_guess_head(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.build import build
-    from specdec.triton.serve import Ports, ServerError, TritonServer, supervise
+    from specdec.triton.serve import STARTING, STOPPED, Ports, ServerError, TritonServer, supervise, write_state
 
     profile = load_profile(args.profile)
     s = profile.server
@@ -80,6 +80,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.no_build:
         build(profile)
     server = TritonServer(profile, host=host, ports=ports)
+    server.supervised = True
+    write_state(profile, STARTING)
 
     def stop(signum, frame) -> None:
         raise KeyboardInterrupt
@@ -101,6 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     finally:
         server.stop()
+        write_state(profile, STOPPED)
     return 0
 
 

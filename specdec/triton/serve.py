@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
+import math
 import os
 import shutil
 import signal
@@ -113,6 +115,7 @@ class TritonServer:
         specdec/triton/standin.py in place of TensorRT-LLM (tests; no GPU needed)."""
         self.profile = profile
         self.standin = standin
+        self.supervised = False  # `specdec serve`'s: its state is written for probes (write_state)
         self.host = host or profile.server.host
         s = profile.server
         self.ports = ports or Ports(s.http_port, s.grpc_port, s.metrics_port)
@@ -259,6 +262,8 @@ class TritonServer:
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.process is not None and self.process.poll() is None:
+            if self.supervised:
+                write_state(self.profile, DRAINING)
             self.drain()
         proc, self.process = self.process, None
         drain_path(self.profile.build_path()).unlink(missing_ok=True)
@@ -363,22 +368,62 @@ def alive(process: psutil.Process) -> bool:
 
 
 STUB_POLL_S = 1.0  # how often supervise looks for a dead stub
+STATE_FILE = "serve-state.json"  # in the build folder: what `specdec serve` is doing, for probes
+STARTING, READY, RESTARTING, DRAINING, STOPPED, FAILED = (
+    "starting",
+    "ready",
+    "restarting",
+    "draining",
+    "stopped",
+    "failed",
+)
+# Liveness: `specdec serve` rewrites its state at least this often while it supervises.
+HEARTBEAT_S = 5.0
+
+
+def state_path(profile: Profile) -> Path:
+    return profile.build_path() / STATE_FILE
+
+
+def write_state(profile: Profile, state: str) -> None:
+    """Record `specdec serve`'s state (with the time, its heartbeat), atomically."""
+    path = state_path(profile)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_suffix(".tmp")
+    staged.write_text(json.dumps({"state": state, "time": time.time(), "pid": os.getpid()}))
+    os.replace(staged, path)
+
+
+def read_state(profile: Profile) -> tuple[str, float]:
+    """(state, seconds since it was written); ("", inf) where there is none."""
+    try:
+        data = json.loads(state_path(profile).read_text())
+    except (OSError, ValueError):
+        return "", math.inf
+    return str(data.get("state", "")), time.time() - float(data.get("time", 0.0))
 
 
 def _wait_for_failure(server: TritonServer) -> str:
-    """Block until the server can no longer serve all its models (TritonServer.failure)."""
+    """Block until the server can no longer serve all its models (TritonServer.failure),
+    renewing the ready state's heartbeat."""
     assert server.process is not None
+    beat = time.monotonic()
     while True:
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.process.wait(timeout=STUB_POLL_S)
         if failure := server.failure():
             return failure
+        if time.monotonic() - beat >= HEARTBEAT_S:
+            write_state(server.profile, READY)
+            beat = time.monotonic()
 
 
 def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
     """Wait on a ready server and start it again each time it dies or one of its models' Python
     stubs dies, at most `max_restarts` times within `restart_window_s` (server options). Returns
     only when it gives up: 1. A stop (SIGTERM, Ctrl-C) reaches the caller as KeyboardInterrupt.
+    Its state goes to the build folder's STATE_FILE (ready, restarting, failed; stop() writes
+    draining), renewed every HEARTBEAT_S, for readiness and liveness probes (docker/healthcheck.py).
 
     A restart starts clean (TritonServer.restart): a server still running is drained first, the
     old server's stubs are killed with its process group, its shared memory is unlinked, its log
@@ -387,7 +432,10 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
     options = server.profile.server
     restarts: deque[float] = deque()  # when each happened
     while True:
-        say(f"[red]{_wait_for_failure(server)}[/]\n{server.log_tail()}")
+        write_state(server.profile, READY)
+        failure = _wait_for_failure(server)
+        write_state(server.profile, RESTARTING)
+        say(f"[red]{failure}[/]\n{server.log_tail()}")
         now = time.monotonic()
         while restarts and now - restarts[0] > options.restart_window_s:
             restarts.popleft()
@@ -396,6 +444,7 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
                 f"[red]not restarting[/]: {len(restarts)} restart(s) in the last {options.restart_window_s:.0f} s "
                 f"(server.max_restarts {options.max_restarts})"
             )
+            write_state(server.profile, FAILED)
             return 1
         restarts.append(now)
         say(f"restarting tritonserver ({len(restarts)} of {options.max_restarts} in {options.restart_window_s:.0f} s)")
@@ -403,6 +452,7 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
             kept = server.restart()
         except ServerError as err:
             say(f"[red]the restarted tritonserver did not become ready[/]: {err}")
+            write_state(server.profile, FAILED)
             return 1
         say(f"[green]ready again[/]  gRPC {server.grpc_url}  HTTP {server.http_url}"
             + (f"   the old server's log: {kept}" if kept else ""))  # fmt: skip

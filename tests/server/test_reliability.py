@@ -20,7 +20,7 @@ from support.servers import variant_profile, variant_server, wait_for
 
 from specdec.client.client import RequestParams, TritonClient
 from specdec.client.server_stats import memory_snapshot, scrape, total
-from specdec.config import ServerOptions
+from specdec.config import REPO_ROOT, ServerOptions
 
 pytestmark = pytest.mark.server
 
@@ -226,6 +226,11 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
     ports = [free_port() for _ in range(3)]
     shm_before = set(os.listdir("/dev/shm"))
     said = tmp_path / "serve.err"  # what serve says (its console is stderr)
+
+    def probe(kind: str) -> int:
+        env = {**os.environ, "SPECDEC_PROFILE": str(profile_file), "SPECDEC_HTTP_PORT": str(ports[0])}
+        return subprocess.run([sys.executable, str(REPO_ROOT / "docker" / "healthcheck.py"), kind], env=env).returncode
+
     with said.open("w") as err:
         serve = subprocess.Popen(
             [sys.executable, "-m", "specdec.cli", "serve", "--profile", str(profile_file), "--no-build",
@@ -236,6 +241,7 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
         # serve's own word, not Triton's health endpoint: a server dying before serve saw it ready
         # is a start that failed (serve exits), not a crash to restart
         assert wait_for(lambda: "ready  gRPC" in said.read_text(), timeout=120), "specdec serve did not become ready"
+        assert wait_for(lambda: probe("--ready") == probe("--live") == 0, timeout=10)  # the probes agree
         dead_pid = _tritonserver_of(serve.pid)
         dead_stubs = psutil.Process(dead_pid).children(recursive=True)
         dead_regions = mapped_shared_memory(dead_pid)
@@ -252,6 +258,8 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
         # not healthy" from then on): serve restarts the server too
         target_stub = next(stub for model, stub in python_stubs(_tritonserver_of(serve.pid)) if model == "target")
         target_stub.kill()
+        # Triton still answers ready; `specdec serve` does not, until its new server is
+        assert wait_for(lambda: probe("--ready") == 1, timeout=10) and probe("--live") == 0
         assert wait_for(lambda: said.read_text().count("ready again") == 2, timeout=120), said.read_text()[-2000:]
         assert "the Python backend stub of target died" in said.read_text()
         assert _ok(f"http://127.0.0.1:{ports[0]}/v2/health/ready")
@@ -275,6 +283,7 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
         if serve.poll() is None:
             serve.kill()
     assert elapsed < 35, f"shutdown took {elapsed:.0f} s"
+    assert probe("--ready") == probe("--live") == 1  # stopped
     assert all(r.chunks for r in records)  # every stream had started
     assert all(r.error is None or "shutting down" in r.error for r in records), [r.error for r in records]
     assert wait_for(lambda: not any(alive(p) for p in stubs), timeout=10)
