@@ -44,16 +44,16 @@ from specdec.triton.serve import Ports, TritonServer
 
 
 def condensed_table(summary_csv: Path) -> str:
-    """Per workload and concurrency: each arm's output tokens/s, TPOT p50 and speedup."""
+    """Per workload and concurrency: each arm's output tokens/s, inter-token latency p50 and speedup."""
     rows = list(csv.DictReader(summary_csv.open()))
     arms = list(dict.fromkeys(r["arm"] for r in rows))
-    header = ["workload", "c", *(f"{a} tok/s (TPOT p50 ms)" for a in arms), *(f"{a} speedup" for a in arms[1:])]
+    header = ["workload", "c", *(f"{a} tok/s (ITL p50 ms)" for a in arms), *(f"{a} speedup" for a in arms[1:])]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     levels = list(dict.fromkeys((r["workload"], r["concurrency"]) for r in rows))
     for workload, c in levels:
         by_arm = {r["arm"]: r for r in rows if (r["workload"], r["concurrency"]) == (workload, c)}
-        cells = [f"{float(by_arm[a]['output_tokens_per_s']):.1f} ({float(by_arm[a]['tpot_p50_s']) * 1000:.0f})"
-                 for a in arms]  # fmt: skip
+        cells = [f"{float(by_arm[a]['output_token_throughput']):.1f} "
+                 f"({float(by_arm[a]['inter_token_latency_p50_ms']):.0f})" for a in arms]  # fmt: skip
         gains = [f"{float(by_arm[a]['speedup']):.2f}x" for a in arms[1:]]
         lines.append("| " + " | ".join([workload, c, *cells, *gains]) + " |")
     return "\n".join(lines) + "\n"
@@ -72,9 +72,10 @@ def anchor_table(streamed: dict, unstreamed: dict, arm: str, many: int) -> str:
         return next(level for level in run["levels"] if level["load"]["concurrency"] == users)["summary"][name]
 
     one, several = summary(streamed, 1, arm), summary(streamed, many, arm)
-    rate, rate_several = one["output_throughput"], several["output_throughput"]
-    baseline_several = summary(streamed, many, "baseline")["output_throughput"]
-    first_text, first_text_unstreamed = one["ttft"]["p50"], summary(unstreamed, 1, arm)["ttft"]["p50"]
+    rate, rate_several = one["output_token_throughput"], several["output_token_throughput"]
+    baseline_several = summary(streamed, many, "baseline")["output_token_throughput"]
+    first_text = one["time_to_first_token"]["p50"]  # ms
+    first_text_unstreamed = summary(unstreamed, 1, arm)["time_to_first_token"]["p50"]
     interval = one["speedup_interval"]  # none over fewer than eight rounds
     spread = f" (95% interval {interval[0]:.2f}-{interval[1]:.2f}x)" if interval else ""
     same, total = one["same_text_as_baseline"]
@@ -87,7 +88,7 @@ def anchor_table(streamed: dict, unstreamed: dict, arm: str, many: int) -> str:
         ("streaming",
          "refused: `Request.validate()` raises \"streaming is not supported with speculative decoding\"; "
          "the text comes in one response at the end",
-         f"first text after {first_text * 1e3:.0f} ms (p50), against {first_text_unstreamed * 1e3:.0f} ms for the "
+         f"first text after {first_text:.0f} ms (p50), against {first_text_unstreamed:.0f} ms for the "
          "same requests unstreamed"),
         ("speedup at one user",
          "none reported (tensorrtllm_backend issue 498: Llama-3 70B with an 8B draft on 4 A100s)",

@@ -102,8 +102,20 @@ def target(value: float, bound: float, unit: str = "x", at_least: bool = True, n
     return f"{'>=' if at_least else '<='} {bound:g}{unit}{note}", verdict(value, bound, at_least)
 
 
-def throughput_ratio(arm: ArmSummary, baseline: ArmSummary) -> float | None:
-    return arm.output_throughput / baseline.output_throughput if baseline.output_throughput else None
+def closed_loop_throughput(arm: ArmSummary, concurrency: int) -> float | None:
+    """Output tokens/s of C users of the arm at the latencies measured (Little's law: its tokens
+    over its request time spread over the C slots). The arms take turns in blocks of C requests,
+    whose wall time (output_token_throughput's benchmark_duration) is the slowest request's: this
+    takes each request's own."""
+    if arm.request_latency is None:
+        return None
+    seconds = arm.request_latency.avg * arm.request_latency.count / 1000 / concurrency
+    return arm.output_tokens / seconds if seconds > 0 else None
+
+
+def throughput_ratio(arm: ArmSummary, baseline: ArmSummary, concurrency: int) -> float | None:
+    rates = [closed_loop_throughput(s, concurrency) for s in (arm, baseline)]
+    return rates[0] / rates[1] if all(rates) else None
 
 
 def after_first_token(arm: ArmSummary, concurrency: int) -> float | None:
@@ -111,10 +123,11 @@ def after_first_token(arm: ArmSummary, concurrency: int) -> float | None:
     throughput less the first tokens and the time to them, the prefill, which is the same work
     with speculation or without. Beside the end-to-end ratio it says what speculation does to
     decoding itself."""
-    if arm.ttft is None:
+    ttft, latency = arm.time_to_first_token, arm.request_latency
+    if ttft is None or latency is None:
         return None
-    seconds = arm.busy_seconds - arm.ttft.mean * arm.ttft.count / concurrency
-    return (arm.output_tokens - arm.ttft.count) / seconds if seconds > 0 else None
+    seconds = (latency.avg * latency.count - ttft.avg * ttft.count) / 1000 / concurrency
+    return (arm.output_tokens - ttft.count) / seconds if seconds > 0 else None
 
 
 def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrency: int, max_tokens: int,
@@ -152,18 +165,18 @@ def sweep(server: TritonServer, ngram: Arm, role: str, workload: str, concurrenc
         "workload": role,
         "prompts": workload,
         "concurrency": concurrency,
-        "baseline_tok_s": base.output_throughput,
-        "ngram_tok_s": spec.output_throughput,
-        "ratio": throughput_ratio(spec, base),
-        "aa_ratio": throughput_ratio(same_work, base),
+        "baseline_tok_s": closed_loop_throughput(base, concurrency),
+        "ngram_tok_s": closed_loop_throughput(spec, concurrency),
+        "ratio": throughput_ratio(spec, base, concurrency),
+        "aa_ratio": throughput_ratio(same_work, base, concurrency),
         "after_first_token_ratio": decode_rates[0] / decode_rates[1] if all(decode_rates) else None,
-        "baseline_ttft_mean_s": base.ttft.mean if base.ttft else None,
-        "ngram_ttft_mean_s": spec.ttft.mean if spec.ttft else None,
+        "baseline_ttft_mean_s": base.time_to_first_token.avg / 1000 if base.time_to_first_token else None,
+        "ngram_ttft_mean_s": spec.time_to_first_token.avg / 1000 if spec.time_to_first_token else None,
         "rounds": len(spec_rounds[0]),
         "ratio_interval": ratio_interval(*spec_rounds, min_units=MIN_ROUNDS),
         "aa_ratio_interval": ratio_interval(*aa_rounds, min_units=MIN_ROUNDS),
-        "baseline_tpot_p50_s": base.tpot.p50 if base.tpot else None,
-        "ngram_tpot_p50_s": spec.tpot.p50 if spec.tpot else None,
+        "baseline_tpot_p50_s": base.inter_token_latency.p50 / 1000 if base.inter_token_latency else None,
+        "ngram_tpot_p50_s": spec.inter_token_latency.p50 / 1000 if spec.inter_token_latency else None,
         "acceptance": spec.acceptance_rate,
         # where the workload's prompts carry a task label: how each task fares (the workload's
         # figure depends on its mix of tasks)

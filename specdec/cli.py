@@ -184,27 +184,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    import time
-    from pathlib import Path
-
+def bench_config(args: argparse.Namespace, profile):
+    """The BenchConfig of `specdec bench`'s arguments (ValueError: one does not parse)."""
     from specdec.client import commands
     from specdec.client.loadgen import BenchConfig, Load, parse_arm, parse_counts, parse_slo
     from specdec.client.workloads import WorkloadOptions
 
-    profile = load_profile(args.profile)
-    try:
-        arms = [parse_arm(a) for a in args.arms.split(",")] if args.arms else commands.default_arms(profile)
-        loads = [Load(concurrency=c) for c in parse_counts(args.concurrency)] if args.concurrency else []
-        loads += [Load(rate=float(r)) for r in args.request_rate.split(",")] if args.request_rate else []
-        slo = parse_slo(args.goodput or [])
-    except ValueError as err:
-        console.print(f"[red]error:[/] {err}")
-        return 2
-    config = BenchConfig(
+    arms = [parse_arm(a) for a in args.arms.split(",")] if args.arms else commands.default_arms(profile)
+    workloads = tuple(args.workload.split(","))
+    if args.input_tokens is not None and "synthetic" not in workloads:  # genai-perf's prompts are synthetic
+        console.print("[yellow]warning:[/] --input-tokens (--isl) sets the length of the synthetic workload's "
+                      "prompts, and the run has none: add --workload synthetic")  # fmt: skip
+    loads = [Load(concurrency=c) for c in parse_counts(args.concurrency)] if args.concurrency else []
+    loads += [Load(rate=float(r)) for r in args.request_rate.split(",")] if args.request_rate else []
+    return BenchConfig(
         arms=tuple(arms),
         loads=tuple(loads or [Load(concurrency=1)]),
-        workloads=tuple(args.workload.split(",")),
+        workloads=workloads,
         # a duration alone bounds a level by time; the count stays bounded all the same
         num_requests=args.num_requests or (100_000 if args.duration else 16),
         duration=args.duration or 1800.0,
@@ -216,9 +212,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
-        slo=slo,
-        workload_options=WorkloadOptions(args.max_tokens, args.input_tokens, args.input_tokens_stddev, args.seed),
+        slo=parse_slo(args.goodput or []),
+        workload_options=WorkloadOptions(
+            args.max_tokens,
+            256 if args.input_tokens is None else args.input_tokens,
+            args.input_tokens_stddev,
+            args.seed,
+        ),
     )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from specdec.client import commands
+
+    profile = load_profile(args.profile)
+    try:
+        config = bench_config(args, profile)
+    except ValueError as err:
+        console.print(f"[red]error:[/] {err}")
+        return 2
     output_dir = Path(args.output_dir or f"bench-out/{time.strftime('%Y%m%d-%H%M%S')}")
     return commands.bench(profile, args.url, config, output_dir, args.metrics_url, args.server_pid, not args.no_plots)
 
@@ -298,6 +313,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i in every arm")
     p.set_defaults(func=cmd_check)
 
+    # Flags of genai-perf (`genai-perf profile`) and of `vllm bench serve` are accepted as aliases
+    # of ours (docs/load-generator.md); where their counts are of a whole run, ours are per arm
+    # and level, the same in a run of one arm at one level.
     p = sub.add_parser("bench", help="load generator: speculation against the baseline across load levels")
     _add_profile(p)
     p.add_argument("--url", help="address of a running server for --transport (gRPC host:8001, HTTP host:8000); "
@@ -309,24 +327,37 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--transport", choices=["grpc", "http"], default="grpc")
     p.add_argument("--arms", help="comma-separated: baseline, ngram[:K], draft_model[:K] (default: the baseline, "
                    "the profile's proposer and the draft model)")  # fmt: skip
-    p.add_argument("--concurrency", help="closed-loop levels: 1,2,4 or 1..16 (powers of two); default 1")
+    p.add_argument("--concurrency", "--max-concurrency", dest="concurrency",
+                   help="closed-loop levels: 1,2,4 or 1..16 (powers of two); default 1 "
+                   "(--max-concurrency: vllm bench serve's name)")  # fmt: skip
     p.add_argument("--request-rate", help="open-loop levels, requests/s over all arms (Poisson arrivals): 0.5,1")
-    p.add_argument("--num-requests", type=int, help="per arm and level (default 16; 100000 with --duration)")
+    p.add_argument("--num-requests", "--request-count", "--num-prompts", dest="num_requests", type=int,
+                   help="requests per arm and level (default 16; 100000 with --duration); --request-count is "
+                   "genai-perf's name, --num-prompts vllm bench serve's (requests sent; not genai-perf's "
+                   "--num-prompts, its count of distinct prompts: ours are the workload's)")  # fmt: skip
     p.add_argument("--duration", type=float, help="seconds per level at most (default 1800)")
-    p.add_argument("--warmup", type=int, default=2, help="unrecorded requests per arm before the first level")
+    p.add_argument("--warmup", "--warmup-request-count", dest="warmup", type=int, default=2,
+                   help="unrecorded requests per arm before the first level (default 2)")  # fmt: skip
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds")
     p.add_argument("--interleave", choices=["block", "request"], default="block",
                    help="arms take turns in blocks, each alone on the server (default), or request by request, "
                    "sharing it")  # fmt: skip
-    p.add_argument("--workload", default="mixed", help=f"comma-separated: {workloads} (default mixed)")
-    p.add_argument("--max-tokens", type=int, default=128, help="output tokens at most (synthetic: exactly)")
-    p.add_argument("--input-tokens", type=int, default=256, help="synthetic prompt length, tokens")
-    p.add_argument("--input-tokens-stddev", type=float, default=0.0)
+    p.add_argument("--workload", "--input-file", dest="workload", default="mixed",
+                   help=f"comma-separated: {workloads} (default mixed); --input-file FILE.jsonl: genai-perf's "
+                   "name for a file of prompts")  # fmt: skip
+    p.add_argument("--max-tokens", "--output-tokens-mean", "--osl", dest="max_tokens", type=int, default=128,
+                   help="output tokens at most (synthetic: exactly); default 128")  # fmt: skip
+    p.add_argument("--input-tokens", "--synthetic-input-tokens-mean", "--isl", dest="input_tokens", type=int,
+                   help="the synthetic workload's prompt length, tokens (default 256)")  # fmt: skip
+    p.add_argument("--input-tokens-stddev", "--synthetic-input-tokens-stddev", dest="input_tokens_stddev",
+                   type=float, default=0.0)  # fmt: skip
     p.add_argument("--temperature", type=float, help="default: greedy")
     p.add_argument("--top-p", type=float, help="nucleus cut when sampling (default: none)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--goodput", nargs="+", metavar="SLO", help="SLOs in ms: ttft:500 tpot:50 e2el:10000")
-    p.add_argument("--no-stream", action="store_true", help="one response per request (TTFT = end-to-end)")
+    p.add_argument("--goodput", nargs="+", metavar="SLO",
+                   help="SLOs in ms: ttft:500 tpot:50 e2el:10000 (vllm bench serve's names) or "
+                   "time_to_first_token:500 inter_token_latency:50 request_latency:10000")  # fmt: skip
+    p.add_argument("--no-stream", action="store_true", help="one response per request (TTFT = request latency)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--output-dir", help="default: bench-out/<date-time>")
     p.set_defaults(func=cmd_bench)

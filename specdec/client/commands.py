@@ -128,16 +128,27 @@ def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload:
 # --- bench ----------------------------------------------------------------------------------------
 def bench(profile: Profile, url: str | None, config: BenchConfig, output_dir: Path, metrics_url: str | None = None,
           server_pid: int | None = None, plots: bool = True) -> int:  # fmt: skip
+    """Run the bench and write its report, whatever failed along the way: 0 when some requests
+    succeeded, 1 when none did."""
     with server_for(profile, url, config.transport, metrics_url, server_pid) as server:
         tokenizer = tokenizer_for(profile)
         prompts: dict[str, list[Prompt]] = {
             w: load_workload(w, config.workload_options, tokenizer) for w in config.workloads
         }
-        result = run_bench(config, prompts, server.url, server.metrics_url, server.pid)
+        # input_sequence_length: the prompt text's tokens, as genai-perf counts them
+        lengths = {w: [len(tokenizer.encode(p.text)) for p in ps] for w, ps in prompts.items()} if tokenizer else None
+        result = run_bench(config, prompts, server.url, server.metrics_url, server.pid, lengths)
     paths = write_report(result, output_dir, describe(), plots=plots)
     console.print(terminal_table(result))
-    if result.errors:
-        console.print(f"[yellow]{len(result.errors)} requests failed[/], e.g. {result.errors[0]}", highlight=False)
-    console.print(f"all tables: {paths['markdown']}\nwrote " + ", ".join(str(p) for p in paths.values()))
     measured = sum(len(level.requests) for level in result.levels)
-    return 0 if measured > len(result.errors) else 1
+    failures = result.failures
+    if failures:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in failures.most_common())
+        console.print(f"[yellow]{sum(failures.values())} of {measured} requests failed[/] ({reasons}), "
+                      f"e.g. {result.errors[0]}", highlight=False)  # fmt: skip
+    exports = [p for kind, p in paths.items() if kind.startswith("genai-perf ")]
+    console.print(f"all tables: {paths['markdown']}\nwrote "
+                  + ", ".join(str(p) for kind, p in paths.items() if not kind.startswith("genai-perf "))
+                  + f"\nand {len(exports)} genai-perf exports: {output_dir}/<workload>/<level>/<arm>/"
+                  "profile_export_genai_perf.{json,csv}")  # fmt: skip
+    return 0 if measured > sum(failures.values()) else 1

@@ -21,18 +21,34 @@ bounded by `request_timeout`, so a level lasts at most duration + request_timeou
 
 Around each level the server's Prometheus counters are read (their difference is the server's
 account of the level) and its memory is sampled while the level runs.
+
+Faults: a request that fails in any way (the server unreachable or gone mid-stream, a timeout, an
+error the server answers with) is recorded as failed with its reason (`failure_reason`), and the
+run goes on. After a failure the closed loop's worker pauses before its next request (0.25 s,
+doubling with each failure in a row up to 4 s), so that a server that is down is not sent the
+rest of the level in a burst of instant refusals; a gRPC failure also gives the next requests a
+new channel (GrpcSender).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import random
 import time
+import traceback
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from specdec.client.client import Record, RequestParams, TritonClient, http_generate, within
-from specdec.client.metrics import SLO, ArmSummary, busy_seconds, summarize
+import aiohttp
+import grpc
+from tritonclient.utils import InferenceServerException
+
+from specdec.client.client import Record, RequestParams, TritonClient, http_generate
+from specdec.client.metrics import SLO, ArmSummary, benchmark_duration, last_response, summarize
 from specdec.client.server_stats import (
     MemorySampler,
     ProcessMemory,
@@ -44,7 +60,7 @@ from specdec.client.server_stats import (
     scrape,
 )
 from specdec.client.workloads import Prompt, WorkloadOptions
-from specdec.progress import progress_bar
+from specdec.progress import console, progress_bar
 
 
 @dataclass(frozen=True)
@@ -113,15 +129,25 @@ def parse_counts(text: str) -> list[int]:
     return values
 
 
+SLO_NAMES = {  # --goodput names: vllm bench serve's, and genai-perf's own
+    "ttft": "time_to_first_token",
+    "tpot": "inter_token_latency",
+    "e2el": "request_latency",
+    "time_to_first_token": "time_to_first_token",
+    "inter_token_latency": "inter_token_latency",
+    "request_latency": "request_latency",
+}
+
+
 def parse_slo(items: Iterable[str]) -> SLO:
-    """vllm bench serve's --goodput form: `ttft:MS tpot:MS e2el:MS` (milliseconds)."""
+    """--goodput in milliseconds, in vllm bench serve's form (`ttft:MS tpot:MS e2el:MS`) or
+    genai-perf's (`time_to_first_token:MS inter_token_latency:MS request_latency:MS`)."""
     limits: dict[str, float] = {}
-    names = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e", "e2e": "e2e"}
     for item in items:
         key, _, value = item.partition(":")
-        if key not in names or not value:
-            raise ValueError(f"goodput {item!r}: expected ttft:MS, tpot:MS or e2el:MS")
-        limits[names[key]] = float(value) / 1000
+        if key not in SLO_NAMES or not value:
+            raise ValueError(f"goodput {item!r}: expected NAME:MS, NAME one of {', '.join(SLO_NAMES)}")
+        limits[SLO_NAMES[key]] = float(value)
     return SLO(**limits)
 
 
@@ -171,6 +197,13 @@ class Sent:
     prompt: int  # index into the workload's prompts
     kind: str
     record: Record
+    reason: str | None = None  # why it failed (failure_reason)
+    input_tokens: int | None = None  # the prompt's tokens; None: not known (no tokenizer)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the request failed; None: it succeeded."""
+        return None if self.record.error is None else self.reason or "server error"
 
 
 @dataclass
@@ -180,14 +213,19 @@ class LevelResult:
     started: float  # seconds since the run started
     duration: float
     requests: list[Sent]
-    counters: Samples | None  # the server's counters, after - before; None: no metrics endpoint
+    # the server's counters, after - before; None: no metrics endpoint, or the server restarted
+    counters: Samples | None
     memory_before: dict[str, ProcessMemory]
     memory_peak: dict[str, ProcessMemory]
     gpu_memory_bytes: float | None
-    arm_seconds: dict[str, float] = field(default_factory=dict)  # block mode: wall time each arm ran alone
+    # block mode: per arm, the sum of its blocks' benchmark_duration (the time it had the server alone)
+    arm_seconds: dict[str, float] = field(default_factory=dict)
 
     def records(self, arm: str) -> list[Record]:
         return [s.record for s in self.requests if s.arm == arm]
+
+    def sent(self, arm: str) -> list[Sent]:
+        return [s for s in self.requests if s.arm == arm]
 
 
 @dataclass
@@ -201,6 +239,11 @@ class BenchResult:
     @property
     def errors(self) -> list[str]:
         return [s.record.error for level in self.levels for s in level.requests if s.record.error]
+
+    @property
+    def failures(self) -> Counter[str]:
+        """Failed requests by reason, over every level."""
+        return Counter(s.failure for level in self.levels for s in level.requests if s.failure)
 
 
 Job = tuple[int, int]  # (request number n within its arm, arm): n answers prompt n % len(prompts)
@@ -261,17 +304,30 @@ async def open_loop(
     await asyncio.gather(*tasks)
 
 
-SendRequest = Callable[[Prompt, RequestParams], Awaitable[Record]]
+def arm_duration(level: LevelResult, arm: str, num_arms: int) -> float:
+    """An arm's benchmark_duration in a level: genai-perf's (the last response - the first
+    request sent) over each stretch in which the arm had the server alone, its blocks (block
+    mode) or the level when it is the level's only arm. Arms that share the server request by
+    request have no such stretch; each is given its share of the level: closed loop at C, its
+    requests' time over the C slots (Little's law: what C users of that arm get at the latencies
+    measured under this load), open loop, the level's time over the arms."""
+    records = level.records(arm)
+    if arm in level.arm_seconds:
+        return level.arm_seconds[arm]
+    if num_arms == 1:
+        return benchmark_duration(records)
+    if level.load.concurrency is not None:
+        return sum(r.end - r.start for r in records) / level.load.concurrency
+    return level.duration / num_arms
 
 
 def level_summaries(level: LevelResult, arms: Iterable[Arm], slo: SLO) -> dict[str, ArmSummary]:
     names = [a.name for a in arms]
     out = {}
     for name in names:
-        records = level.records(name)
-        wall = level.arm_seconds.get(name, level.duration / len(names))
-        out[name] = summarize(records, busy_seconds([r.end - r.start for r in records], level.load.concurrency, wall),
-                              slo)  # fmt: skip
+        sent = level.sent(name)
+        duration = arm_duration(level, name, len(names))
+        out[name] = summarize([s.record for s in sent], duration, slo, [s.input_tokens for s in sent])
     return out
 
 
@@ -300,9 +356,120 @@ def paired_rounds(
         a, b = by_arm.get(arm, []), by_arm.get(baseline, [])
         if not a or len(a) != len(b) or any(r.error for r in a + b):
             continue
-        arm_units.append((sum(map(count, a)), sum(r.end - r.start for r in a)))
-        base_units.append((sum(map(count, b)), sum(r.end - r.start for r in b)))
+        arm_units.append((sum(map(count, a)), sum(last_response(r) - r.start for r in a)))
+        base_units.append((sum(map(count, b)), sum(last_response(r) - r.start for r in b)))
     return arm_units, base_units
+
+
+# --- faults ---------------------------------------------------------------------------------------
+class Sender(Protocol):
+    """Sends one request; raises what its transport raises."""
+
+    async def __call__(self, prompt: Prompt, params: RequestParams) -> Record: ...
+
+    async def close(self) -> None: ...
+
+
+class GrpcSender:
+    """Requests through a TritonClient (gRPC), replaced by a new one after a request failed with
+    an exception: a channel whose server went away tries to connect again only on a growing
+    backoff (5 s after an outage of 20 s, longer after longer ones), a new channel at once. The
+    old client is closed when its last request in flight has ended (closing a channel cancels
+    its calls)."""
+
+    def __init__(self, url: str, stream: bool, connect: Callable[[str], TritonClient] = TritonClient):
+        self.url = url
+        self.stream = stream
+        self.connect = connect
+        self.client = connect(url)
+        self.in_flight: Counter[TritonClient] = Counter()
+
+    async def __call__(self, prompt: Prompt, params: RequestParams) -> Record:
+        client = self.client
+        self.in_flight[client] += 1
+        try:
+            return await client.generate(prompt.text, params, stream=self.stream)
+        except Exception:
+            if client is self.client:
+                self.client = self.connect(self.url)
+            raise
+        finally:
+            self.in_flight[client] -= 1
+            if client is not self.client and self.in_flight[client] == 0:
+                del self.in_flight[client]
+                await _close_quietly(client)
+
+    async def close(self) -> None:
+        for client in {self.client, *self.in_flight}:
+            await _close_quietly(client)
+
+
+async def _close_quietly(client: TritonClient) -> None:
+    with contextlib.suppress(Exception):  # a channel to a dead server may fail to close: nothing to do
+        await client.close()
+
+
+@dataclass
+class HttpSender:
+    """Requests over HTTP (generate / generate_stream), a connection each."""
+
+    url: str
+    stream: bool
+
+    async def __call__(self, prompt: Prompt, params: RequestParams) -> Record:
+        return await http_generate(self.url, prompt.text, params, stream=self.stream)
+
+    async def close(self) -> None:
+        pass
+
+
+def failure_reason(err: BaseException) -> str:
+    """A failed request's reason, short and fixed enough to count requests by."""
+    if isinstance(err, TimeoutError):
+        return "timeout"
+    if isinstance(err, grpc.RpcError) and callable(getattr(err, "code", None)):
+        return f"gRPC {err.code().name}"
+    if isinstance(err, InferenceServerException):
+        status = err.status()  # "StatusCode.UNAVAILABLE", or None for the server's own errors
+        return f"gRPC {status.rpartition('.')[2]}" if status else "server error"
+    if isinstance(err, aiohttp.ClientConnectorError | ConnectionRefusedError):
+        return "cannot connect"
+    if isinstance(err, aiohttp.ServerDisconnectedError | ConnectionResetError | BrokenPipeError):
+        return "connection lost"
+    if isinstance(err, aiohttp.ClientPayloadError | json.JSONDecodeError):
+        return "response cut off"
+    if isinstance(err, aiohttp.ClientError | OSError):
+        return type(err).__name__
+    return f"unexpected {type(err).__name__}"
+
+
+def _message(err: BaseException) -> str:
+    details = getattr(err, "details", None)  # gRPC's errors: their str() is a multi-line dump
+    return str(details() if isinstance(err, grpc.RpcError) and callable(details) else err)
+
+
+# reasons that say the server could not be reached: it may have restarted, its counts with it
+UNREACHABLE = frozenset({"gRPC UNAVAILABLE", "cannot connect", "connection lost", "response cut off"})
+
+
+def counters_over(before: Samples | None, after: Samples | None, reasons: Iterable[str | None] = ()) -> Samples | None:
+    """The server's counters over a level, after - before; None when either scrape failed, or
+    when the server may have restarted during the level: a counter went down, or a request
+    failed for want of the server (a restarted server counts again from 0, and may have counted
+    past the old one's figures by the level's end)."""
+    if before is None or after is None or UNREACHABLE.intersection(reasons):
+        return None
+    if any(key[0].endswith("_total") and after.get(key, value) < value for key, value in before.items()):
+        return None
+    return delta(before, after)
+
+
+PAUSE_FIRST, PAUSE_MAX = 0.25, 4.0  # seconds a closed-loop worker waits after a failure
+
+
+def pause(failures_in_a_row: int) -> float:
+    """Seconds a closed-loop worker waits before its next request, after the n-th failure in a row."""
+    return min(PAUSE_MAX, PAUSE_FIRST * 2 ** (failures_in_a_row - 1))
 
 
 class LoadGenerator:
@@ -315,44 +482,75 @@ class LoadGenerator:
         url: str,
         metrics_url: str | None = None,
         server_pid: int | None = None,
+        input_lengths: dict[str, list[int]] | None = None,
+        sender: Sender | None = None,
     ):
+        """input_lengths: per workload, each prompt's tokens (input_sequence_length); sender: how
+        requests go out (default: the config's transport to `url`)."""
         self.config = config
         self.prompts = prompts
         self.url = url
         self.metrics_url = metrics_url
         self.server_pid = server_pid
+        self.input_lengths = input_lengths or {}
+        self.sender = sender
         self.started = time.perf_counter()
+        self.failures_in_a_row = 0
+        self.unexpected_shown = False
 
     async def run(self) -> BenchResult:
         cfg = self.config
-        client = TritonClient(self.url) if cfg.transport == "grpc" else None
-
-        async def send(prompt: Prompt, params: RequestParams) -> Record:
-            if client is not None:
-                return await client.generate(prompt.text, params, stream=cfg.stream)
-            return await http_generate(self.url, prompt.text, params, stream=cfg.stream)
-
+        if self.sender is None:
+            sender_type = GrpcSender if cfg.transport == "grpc" else HttpSender
+            self.sender = sender_type(self.url, cfg.stream)
         levels = []
         try:
             with progress_bar() as progress:
-                await self._warm_up(send, progress)
+                await self._warm_up(progress)
                 for workload in cfg.workloads:
                     for load in cfg.loads:
-                        levels.append(await self._level(send, workload, load, progress))
+                        levels.append(await self._level(workload, load, progress))
         finally:
-            if client is not None:
-                await client.close()
+            await self.sender.close()
         server = {"url": self.url, "transport": cfg.transport, "pid": self.server_pid, "metrics_url": self.metrics_url}
         return BenchResult(cfg, self.prompts, levels, server, self.started)
 
-    async def _timed(self, send: SendRequest, prompt: Prompt, params: RequestParams) -> Record:
-        return await within(send(prompt, params), self.config.request_timeout)
+    async def _attempt(self, prompt: Prompt, params: RequestParams) -> tuple[Record, str | None]:
+        """One request, bounded by request_timeout: its record and, when it failed, the reason.
+        Whatever its transport raises is a failed request, never the run's end."""
+        timeout = self.config.request_timeout
+        start = time.perf_counter()
+        try:
+            record = await asyncio.wait_for(self.sender(prompt, params), timeout)
+        except Exception as err:  # every failure is counted, none ends the run
+            end = time.perf_counter()
+            reason = failure_reason(err)
+            if reason == "timeout" and end - start >= timeout:
+                detail = f"timeout after {timeout:g} s"
+            else:
+                detail = f"{type(err).__name__}: {_message(err)}".rstrip(": ")
+            if reason.startswith("unexpected") and not self.unexpected_shown:
+                self.unexpected_shown = True  # not a transport's error: show where it came from, once
+                console.print("".join(traceback.format_exception(err)), markup=False, highlight=False)
+            return Record(start=start, end=end, error=detail), reason
+        return record, None if record.error is None else "server error"
+
+    async def _send(self, prompt: Prompt, params: RequestParams, closed_loop: bool) -> tuple[Record, str | None]:
+        """_attempt, then after a failure in the closed loop the worker's pause (see the module doc)."""
+        record, reason = await self._attempt(prompt, params)
+        if reason is None:
+            self.failures_in_a_row = 0
+        else:
+            self.failures_in_a_row += 1
+            if closed_loop:
+                await asyncio.sleep(pause(self.failures_in_a_row))
+        return record, reason
 
     def _seed(self, prompt: int) -> int | None:
         """Sampling: the same prompt gets the same seed in every arm; greedy needs none."""
         return None if self.config.temperature is None else self.config.seed + prompt
 
-    async def _warm_up(self, send: SendRequest, progress) -> None:
+    async def _warm_up(self, progress) -> None:
         cfg = self.config
         if cfg.warmup <= 0:
             return
@@ -364,16 +562,18 @@ class LoadGenerator:
             n, arm = job[0], cfg.arms[job[1]]
             p = n % len(prompts)
             salt = cache_salt("warm-up", arm, n, len(prompts))
-            await self._timed(send, prompts[p], arm.params(prompts[p], cfg.temperature, cfg.top_p, self._seed(p), salt))
+            params = arm.params(prompts[p], cfg.temperature, cfg.top_p, self._seed(p), salt)
+            await self._send(prompts[p], params, closed_loop=True)
             progress.advance(task)
 
         concurrency = max((load.concurrency or 1) for load in cfg.loads)
         deadline = time.monotonic() + cfg.duration
         await closed_loop(interleaved(len(cfg.arms), cfg.warmup), one, concurrency, deadline)
 
-    async def _level(self, send: SendRequest, workload: str, load: Load, progress) -> LevelResult:
+    async def _level(self, workload: str, load: Load, progress) -> LevelResult:
         cfg = self.config
         prompts = self.prompts[workload]
+        lengths = self.input_lengths.get(workload)
         arms = cfg.arms
         sent: list[Sent] = []
         label = f"{workload} {load.label}"
@@ -384,10 +584,9 @@ class LoadGenerator:
             n, arm = job[0], arms[job[1]]
             p = n % len(prompts)
             prompt, salt = prompts[p], cache_salt(label, arm, n, len(prompts))
-            record = await self._timed(
-                send, prompt, arm.params(prompt, cfg.temperature, cfg.top_p, self._seed(p), salt)
-            )
-            sent.append(Sent(arm.name, n, p, prompt.kind, record))
+            params = arm.params(prompt, cfg.temperature, cfg.top_p, self._seed(p), salt)
+            record, reason = await self._send(prompt, params, closed_loop=load.concurrency is not None)
+            sent.append(Sent(arm.name, n, p, prompt.kind, record, reason, lengths[p] if lengths else None))
             progress.update(task, advance=1, description=f"{label}  {self._live(sent, load, level_start)}")
 
         before = scrape(self.metrics_url) if self.metrics_url else None
@@ -410,10 +609,11 @@ class LoadGenerator:
                 for block in blocks(len(arms), cfg.num_requests, cfg.round_size(load)):
                     if time.monotonic() >= deadline:
                         break
-                    start = time.perf_counter()
+                    first = len(sent)
                     await run(block)
                     name = arms[block[0][1]].name
-                    arm_seconds[name] = arm_seconds.get(name, 0.0) + time.perf_counter() - start
+                    span = benchmark_duration([s.record for s in sent[first:]])
+                    arm_seconds[name] = arm_seconds.get(name, 0.0) + span
             else:
                 await run(interleaved(len(arms), cfg.num_requests))
         finally:
@@ -427,7 +627,7 @@ class LoadGenerator:
             started=level_start - self.started,
             duration=duration,
             requests=sent,
-            counters=delta(before, after) if before is not None and after is not None else None,
+            counters=counters_over(before, after, (s.failure for s in sent)),
             memory_before=memory_before,
             memory_peak=peak(sampler.snapshots),
             gpu_memory_bytes=gpu_memory_bytes(after) if after is not None else None,
@@ -439,7 +639,9 @@ class LoadGenerator:
         elapsed = time.perf_counter() - level_start
         level = LevelResult("", load, 0.0, elapsed, sent, None, {}, {}, None)
         summaries = level_summaries(level, self.config.arms, SLO())
-        return "  ".join(f"{name} {s.output_throughput:.1f} tok/s" for name, s in summaries.items() if s.requests)
+        failed = sum(s.failure is not None for s in sent)
+        live = "  ".join(f"{name} {s.output_token_throughput:.1f} tok/s" for name, s in summaries.items() if s.requests)
+        return live + (f"  {failed} failed" if failed else "")
 
 
 def run_bench(
@@ -448,5 +650,6 @@ def run_bench(
     url: str,
     metrics_url: str | None = None,
     server_pid: int | None = None,
+    input_lengths: dict[str, list[int]] | None = None,
 ) -> BenchResult:
-    return asyncio.run(LoadGenerator(config, prompts, url, metrics_url, server_pid).run())
+    return asyncio.run(LoadGenerator(config, prompts, url, metrics_url, server_pid, input_lengths).run())

@@ -6,7 +6,7 @@ from readme import anchor_table
 
 
 def _summary(rate: float, first_text_s: float, speedup: float | None = None, interval=None, same=(4, 4)) -> dict:
-    return {"output_throughput": rate, "ttft": {"p50": first_text_s}, "speedup": speedup,
+    return {"output_token_throughput": rate, "time_to_first_token": {"p50": first_text_s * 1000}, "speedup": speedup,
             "speedup_interval": interval, "same_text_as_baseline": list(same)}  # fmt: skip
 
 

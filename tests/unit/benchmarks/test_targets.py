@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from targets import after_first_token, main, target, verdict
+from targets import after_first_token, closed_loop_throughput, main, target, throughput_ratio, verdict
 
 from specdec.client.metrics import ArmSummary, stats
 
@@ -27,21 +27,31 @@ def test_a_target_is_labelled_from_the_bound_it_is_judged_by():
     assert target(1.07, 1.2, at_least=False, note=" (the median)") == ("<= 1.2x (the median)", "yes (1.070)")
 
 
-def _arm(tokens: int, busy: float, first_token_s: list[float]) -> ArmSummary:
+def _arm(tokens: int, latency_s: list[float], first_token_s: list[float]) -> ArmSummary:
     return ArmSummary(
-        requests=len(first_token_s), errors=0, output_tokens=tokens, busy_seconds=busy, ttft=stats(first_token_s),
-        itl=None, tpot=None, e2e=None, output_throughput=tokens / busy if busy else 0.0, request_throughput=0.0,
-        goodput=None, slo_attainment=None, acceptance_rate=None, mean_accepted_length=None, draft_tokens=0,
-        accepted_tokens=0, draft_rounds=0,
+        requests=len(latency_s), errors=0, request_count=len(latency_s), benchmark_duration=0.0,
+        request_latency=stats(s * 1000 for s in latency_s), time_to_first_token=stats(s * 1000 for s in first_token_s),
+        time_to_second_token=None, inter_token_latency=None, output_token_throughput_per_user=None,
+        output_sequence_length=None, input_sequence_length=None, inter_chunk_latency=None, output_tokens=tokens,
+        output_token_throughput=0.0, request_throughput=0.0, request_goodput=None, slo_attainment=None,
+        acceptance_rate=None, mean_accepted_length=None, draft_tokens=0, accepted_tokens=0, draft_rounds=0,
     )  # fmt: skip
 
 
 def test_after_the_first_token_leaves_out_the_prefill_and_its_token():
-    # two requests of 101 tokens, each first token at 0.2 s and the other 100 in 1.0 s
-    assert after_first_token(_arm(202, 2.4, [0.2, 0.2]), concurrency=1) == pytest.approx(100.0)
-    # the same requests two at a time: the busy time is their time over the two slots
-    assert after_first_token(_arm(202, 1.2, [0.2, 0.2]), concurrency=2) == pytest.approx(200.0)
-    assert after_first_token(_arm(0, 0.0, []), concurrency=1) is None
+    # two requests of 101 tokens, each 1.2 s long, its first token at 0.2 s and the other 100 in 1.0 s
+    assert after_first_token(_arm(202, [1.2, 1.2], [0.2, 0.2]), concurrency=1) == pytest.approx(100.0)
+    # the same requests two at a time: their time spreads over the two slots
+    assert after_first_token(_arm(202, [1.2, 1.2], [0.2, 0.2]), concurrency=2) == pytest.approx(200.0)
+    assert after_first_token(_arm(0, [], []), concurrency=1) is None
+
+
+def test_throughput_is_little_laws_of_each_requests_own_time():
+    """Blocks of C requests end with their slowest: the ratio takes each request's own time."""
+    fast, slow = _arm(200, [1.0, 3.0], [0.1, 0.1]), _arm(200, [4.0, 4.0], [0.1, 0.1])
+    assert closed_loop_throughput(fast, concurrency=2) == pytest.approx(200 / 2.0)
+    assert throughput_ratio(fast, slow, concurrency=2) == pytest.approx(2.0)
+    assert closed_loop_throughput(_arm(0, [], []), concurrency=1) is None
 
 
 def test_a_sweep_without_one_user_is_refused_before_it_runs(capsys):

@@ -21,7 +21,7 @@ from specdec.client.loadgen import (
 )
 from specdec.client.metrics import (
     SLO,
-    busy_seconds,
+    benchmark_duration,
     per_position,
     ratio_interval,
     request_metrics,
@@ -50,12 +50,16 @@ SPEC = record(10.0, [(10.5, 1, 0, 0, 0), (10.8, 3, 3, 2, 1), (11.0, 1, 3, 0, 1),
 
 
 def test_request_metrics_known_answer():
+    """genai-perf's definitions, in ms: the latency ends at the last response (11.9), not at the
+    stream's close (12.0)."""
     m = request_metrics(SPEC)
-    assert m.output_tokens == 8
-    assert m.ttft == pytest.approx(0.5)
-    assert m.e2e == pytest.approx(2.0)
-    assert m.tpot == pytest.approx((2.0 - 0.5) / 7)
-    assert m.itl == pytest.approx([0.3, 0.2, 0.9])  # gaps between token-carrying chunks
+    assert m.output_sequence_length == 8
+    assert m.time_to_first_token == pytest.approx(500)
+    assert m.time_to_second_token == pytest.approx(300)
+    assert m.request_latency == pytest.approx(1900)
+    assert m.inter_token_latency == pytest.approx((1900 - 500) / 7)
+    assert m.output_token_throughput_per_user == pytest.approx(7000 / 1400)
+    assert m.inter_chunk_latency == pytest.approx([300, 200, 900])  # gaps between token-carrying responses
     assert (m.draft_tokens, m.accepted_tokens, m.draft_rounds) == (8, 4, 3)
     assert m.drafted_at == [3, 3, 2] and m.accepted_at == [2, 2, 0]
 
@@ -63,8 +67,19 @@ def test_request_metrics_known_answer():
 def test_chunks_without_tokens_do_not_count_as_arrivals():
     r = record(0.0, [(0.2, 0, 0, 0, 0), (0.5, 2, 0, 0, 0), (0.9, 0, 0, 0, 0), (1.0, 1, 0, 0, 0)], 1.1)
     m = request_metrics(r)
-    assert m.ttft == pytest.approx(0.5) and m.itl == pytest.approx([0.5])
-    assert m.tpot == pytest.approx((1.1 - 0.5) / 2)
+    assert m.time_to_first_token == pytest.approx(500) and m.inter_chunk_latency == pytest.approx([500])
+    assert m.request_latency == pytest.approx(1000)
+    assert m.inter_token_latency == pytest.approx((1000 - 500) / 2)
+
+
+def test_one_response_has_no_second_token_nor_inter_token_latency():
+    """Unstreamed: one response with every token; genai-perf gives it neither (both need two responses)."""
+    m = request_metrics(record(0.0, [(0.8, 5, 0, 0, 0)], 0.9))
+    assert (m.time_to_first_token, m.request_latency) == pytest.approx((800, 800))
+    assert m.time_to_second_token is None and m.inter_token_latency is None
+    assert m.output_token_throughput_per_user is None
+    empty = request_metrics(Record(start=1.0, end=1.5))
+    assert empty.request_latency == pytest.approx(500) and empty.time_to_first_token is None
 
 
 def test_a_response_spanning_several_rounds_is_left_out_of_per_position():
@@ -72,50 +87,61 @@ def test_a_response_spanning_several_rounds_is_left_out_of_per_position():
     assert per_position(r) == ([1, 1], [1, 0])
 
 
-def test_stats_percentiles():
+def test_stats_are_genai_perfs():
     s = stats(float(x) for x in range(1, 101))
-    assert (s.mean, s.p50, s.p90, s.p99, s.count) == pytest.approx((50.5, 50.5, 90.1, 99.01, 100))
+    assert (s.avg, s.p1, s.p50, s.p90, s.p99, s.count) == pytest.approx((50.5, 1.99, 50.5, 90.1, 99.01, 100))
+    assert (s.min, s.max) == (1.0, 100.0) and s.std == pytest.approx(np.std(np.arange(1, 101)))  # population
     assert stats([]) is None
 
 
-def test_summary_closed_loop_known_answer():
+def test_summary_known_answer():
     other = record(11.0, [(11.2, 1, 0, 0, 0), (11.6, 3, 4, 2, 1)], 13.0)
     failed = record(12.0, [], 12.5, error="boom")
-    busy = busy_seconds([2.0, 2.0, 0.5], concurrency=2, wall_seconds=99.0)
-    assert busy == pytest.approx(2.25)  # Little's law: 4.5 s of requests over 2 slots
-    s = summarize([SPEC, other, failed], busy, SLO(ttft=0.4))
-    assert (s.requests, s.errors, s.output_tokens) == (3, 1, 12)
-    assert s.output_throughput == pytest.approx(12 / 2.25)
-    assert s.request_throughput == pytest.approx(2 / 2.25)
-    assert s.goodput == pytest.approx(1 / 2.25)  # only `other` has TTFT <= 0.4 s
+    duration = benchmark_duration([SPEC, other, failed])
+    assert duration == pytest.approx(11.9 - 10.0)  # the last response - the first sent, of those that succeeded
+    s = summarize([SPEC, other, failed], duration, SLO(time_to_first_token=400), [30, 20, 10])
+    assert (s.requests, s.errors, s.request_count, s.output_tokens) == (3, 1, 2, 12)
+    assert s.output_token_throughput == pytest.approx(12 / 1.9)
+    assert s.request_throughput == pytest.approx(2 / 1.9)
+    assert s.request_goodput == pytest.approx(1 / 1.9)  # only `other` has TTFT <= 400 ms
     assert s.slo_attainment == pytest.approx(1 / 3)
     assert s.acceptance_rate == pytest.approx(6 / 12)
     assert s.mean_accepted_length == pytest.approx(6 / 4 + 1)
     assert s.drafted_per_position == [4, 4, 3, 1]
     assert s.acceptance_per_position == pytest.approx([3 / 4, 3 / 4, 0, 0])
-    assert s.ttft.p50 == pytest.approx(0.35) and s.itl.count == 4
+    assert s.time_to_first_token.p50 == pytest.approx(350) and s.inter_chunk_latency.count == 4
+    assert s.input_sequence_length.avg == pytest.approx(25)  # the failed request's prompt is left out
+    assert s.inter_token_latency.avg == pytest.approx(((1900 - 500) / 7 + (600 - 200) / 3) / 2)
 
 
-def test_open_loop_throughput_divides_by_the_arms_wall_time():
+def test_arm_durations_alone_shared_and_in_blocks():
     sent = [Sent("baseline", 0, 0, "chat", record(0.0, [(1.0, 6, 0, 0, 0)], 5.0)),
             Sent("ngram:3", 0, 0, "chat", record(5.0, [(5.5, 6, 0, 0, 0)], 6.0))]  # fmt: skip
-    shared = LevelResult("chat", Load(rate=1.0), 0.0, 12.0, sent, None, {}, {}, None)
     arms = [BASELINE, Arm("ngram", 3)]
-    assert [s.output_throughput for s in level_summaries(shared, arms, SLO()).values()] == [1.0, 1.0]
+    # open loop, the arms sharing the level: the level's time over the arms
+    shared = LevelResult("chat", Load(rate=1.0), 0.0, 12.0, sent, None, {}, {}, None)
+    assert [s.output_token_throughput for s in level_summaries(shared, arms, SLO()).values()] == [1.0, 1.0]
+    # block mode: each arm's blocks' benchmark_duration
     blocks_ = LevelResult("chat", Load(rate=1.0), 0.0, 12.0, sent, None, {}, {}, None, {"baseline": 8, "ngram:3": 2})
-    assert [s.output_throughput for s in level_summaries(blocks_, arms, SLO()).values()] == [0.75, 3.0]
+    assert [s.output_token_throughput for s in level_summaries(blocks_, arms, SLO()).values()] == [0.75, 3.0]
+    # closed loop, shared: the arm's request time over the C slots
+    closed = LevelResult("chat", Load(concurrency=2), 0.0, 12.0, sent, None, {}, {}, None)
+    assert [s.benchmark_duration for s in level_summaries(closed, arms, SLO()).values()] == [2.5, 0.5]
+    # an arm alone in its level: genai-perf's duration, the last response - the first request sent
+    alone = LevelResult("chat", Load(concurrency=2), 0.0, 12.0, sent[:1], None, {}, {}, None)
+    assert level_summaries(alone, arms[:1], SLO())["baseline"].benchmark_duration == pytest.approx(1.0)
 
 
-def test_speedup_compares_mean_end_to_end_times():
-    base = summarize([record(0.0, [(1.0, 2, 0, 0, 0)], 4.0)], 4.0)
-    fast = summarize([record(0.0, [(1.0, 2, 0, 0, 0)], 2.0)], 2.0)
+def test_speedup_compares_mean_request_latencies():
+    base = summarize([record(0.0, [(1.0, 2, 0, 0, 0), (4.0, 1, 0, 0, 0)], 4.5)], 4.0)
+    fast = summarize([record(0.0, [(1.0, 2, 0, 0, 0), (2.0, 1, 0, 0, 0)], 2.5)], 2.0)
     assert speedup(base, fast) == pytest.approx(2.0)
-    assert base.acceptance_rate is None and base.mean_accepted_length is None and base.goodput is None
+    assert base.acceptance_rate is None and base.mean_accepted_length is None and base.request_goodput is None
 
 
 def test_paired_rounds_pair_each_rounds_requests_and_drop_incomplete_rounds():
     def sent(arm: str, number: int, tokens: int, seconds: float, error: str | None = None) -> Sent:
-        return Sent(arm, number, number % 3, "chat", record(0.0, [(0.1, tokens, 0, 0, 0)], seconds, error))
+        return Sent(arm, number, number % 3, "chat", record(0.0, [(seconds, tokens, 0, 0, 0)], seconds, error))
 
     requests = [sent("baseline", 0, 10, 2.0), sent("ngram:3", 0, 10, 1.0), sent("baseline", 1, 5, 1.0),
                 sent("ngram:3", 1, 5, 0.5), sent("ngram:0", 1, 5, 9.0),  # another arm: not in the pairs
@@ -147,8 +173,8 @@ def test_the_reports_speedup_carries_its_interval_over_the_levels_rounds():
     for n in range(16):
         base_s = 2.0 + n % 3
         arm_s = base_s / 2 if n // 2 != 5 else base_s
-        requests += [Sent("baseline", n, n % 4, "chat", record(0.0, [(0.1, 8, 0, 0, 0)], base_s)),
-                     Sent("ngram:3", n, n % 4, "chat", record(0.0, [(0.1, 8, 4, 2, 1)], arm_s))]  # fmt: skip
+        requests += [Sent("baseline", n, n % 4, "chat", record(0.0, [(base_s, 8, 0, 0, 0)], base_s)),
+                     Sent("ngram:3", n, n % 4, "chat", record(0.0, [(arm_s, 8, 4, 2, 1)], arm_s))]  # fmt: skip
     config = BenchConfig(arms=(BASELINE, Arm("ngram", 3)), loads=(Load(concurrency=1),), workloads=("chat",))
     level = LevelResult("chat", Load(concurrency=1), 0.0, 60.0, requests, None, {}, {}, None)
     base_row, arm_row = rows(BenchResult(config, {"chat": []}, [level], {}, 0.0))
