@@ -1,9 +1,9 @@
 """The PyTorch-engine build: weights for the target and the draft, in Hugging Face layout.
 
-    gguf source  -> dequantized once into build/<profile>/models/<role> (cached, see _fingerprint)
-    hf_dir       -> used in place
-    num_layers   -> a truncated copy (the first N decoder layers + final norm + lm_head): a draft
-                    that shares the target's tokenizer by construction
+gguf source  -> dequantized once into build/<profile>/models/<role> (cached, see _fingerprint)
+hf_dir       -> used in place
+num_layers   -> a truncated copy (the first N decoder layers + final norm + lm_head): a draft
+                that shares the target's tokenizer by construction
 """
 
 from __future__ import annotations

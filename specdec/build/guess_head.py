@@ -27,11 +27,11 @@ import torch
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file
 
-from specdec.texts import with_typos
 from specdec.config import Profile
 from specdec.engine.engine import Engine, GenerationRequest
 from specdec.progress import console, progress_bar
 from specdec.speculation.phrases import phrase_tokens
+from specdec.texts import with_typos
 from specdec.tokenizer import TextTokenizer
 
 TOPICS = [
@@ -285,7 +285,9 @@ def prefill_hidden(engine: Engine, seq: np.ndarray, rows: np.ndarray) -> torch.T
     engine: bit for bit those the rows have in the decoding."""
     n = len(seq)
     t = torch.from_numpy(seq)
-    return engine.model.hidden(engine.cache, t, torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.from_numpy(rows))
+    return engine.model.hidden(
+        engine.cache, t, torch.arange(n), torch.zeros(n, dtype=torch.int64), torch.from_numpy(rows)
+    )
 
 
 def examples(engine: Engine, pairs: list[tuple[np.ndarray, np.ndarray]]):

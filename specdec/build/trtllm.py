@@ -93,14 +93,16 @@ def convert_steps(profile: Profile, role: str) -> list[Step]:
     placement = trt.target if role == "target" else trt.draft
     source = profile.target if role == "target" else profile.draft
     assert placement is not None and source is not None and source.hf_dir
-    dtype, tp, pp, workers = profile.engine.dtype, placement.tp_size, placement.pp_size, placement.tp_size * placement.pp_size
+    dtype, tp, pp = profile.engine.dtype, placement.tp_size, placement.pp_size
+    workers = tp * pp
     out = checkpoint_dir(profile, role)
     script = (MODES[trt.mode].converter if role == "target" else None) or LLAMA_CONVERTER
     if script == REDRAFTER_CONVERTER:
         assert trt.redrafter is not None
         base = checkpoint_dir(profile, f"{role}-base")
         base_argv = [*_converter(LLAMA_CONVERTER, source.hf_dir, base, dtype, tp, pp), "--workers", str(workers)]
-        argv = _converter(REDRAFTER_CONVERTER, str(base), out, dtype, tp, None) + [
+        argv = [
+            *_converter(REDRAFTER_CONVERTER, str(base), out, dtype, tp, None),
             "--drafter_model_dir", _weights(trt.redrafter.drafter),
             "--redrafter_num_beams", str(trt.redrafter.num_beams),
             "--redrafter_draft_len_per_beam", str(trt.redrafter.draft_len_per_beam),

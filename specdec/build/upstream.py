@@ -177,9 +177,7 @@ GPU_DEVICE_IDS_WHERE = _ms("95-120")
 
 def required_parameters(decoding_mode: str | None) -> set[str]:
     """The keys a tensorrt_llm model's config must carry for the backend to load it."""
-    return {
-        name for name, p in BACKEND_PARAMETERS.items() if p.required and (not p.when or p.when == decoding_mode)
-    }
+    return {name for name, p in BACKEND_PARAMETERS.items() if p.required and (not p.when or p.when == decoding_mode)}
 
 
 # --- the tensorrt_llm model's tensors -------------------------------------------------------------
@@ -350,7 +348,9 @@ def outputs_written(requested: Iterable[str], return_perf_metrics: bool) -> set[
     """What the backend may put in a response to a request that asked for `requested` (every
     output Triton core must then find in the model config)."""
     requested = set(requested)
-    written = {name for name, out in ENGINE_OUTPUTS.items() if name in requested and out.written != Written.PERF_METRICS}
+    written = {
+        name for name, out in ENGINE_OUTPUTS.items() if name in requested and out.written != Written.PERF_METRICS
+    }
     if return_perf_metrics:
         written |= perf_metric_outputs()
     return written
@@ -412,34 +412,65 @@ MEDUSA_CONVERTER = "medusa/convert_checkpoint.py"
 REDRAFTER_CONVERTER = "redrafter/convert_checkpoint.py"
 CONVERTERS: dict[str, Converter] = {
     LLAMA_CONVERTER: Converter(
-        Where(TRTLLM_REPO, "examples/models/core/llama/convert_checkpoint.py",
-              "fd96a08bdc489f41f139b295935b10ed43652fa1", "23-232"),
+        Where(
+            TRTLLM_REPO,
+            "examples/models/core/llama/convert_checkpoint.py",
+            "fd96a08bdc489f41f139b295935b10ed43652fa1",
+            "23-232",
+        ),
         frozenset(["--model_dir", "--output_dir", "--dtype", "--tp_size", "--pp_size", "--workers"]),
         ("llama",),
         _docs("_modules/tensorrt_llm/models/llama/config.html", "LLaMAConfig.from_hugging_face"),
         "rope_theta and the whole Hugging Face rope_scaling (llama3 included) reach the checkpoint",
-    ),  # fmt: skip
+    ),
     MEDUSA_CONVERTER: Converter(
-        Where(TRTLLM_REPO, "examples/medusa/convert_checkpoint.py", "b93e14ca093e446615f3009cae6ca5a33c4f2f56",
-              "35-176"),
-        frozenset(["--model_dir", "--output_dir", "--dtype", "--tp_size", "--pp_size", "--workers",
-                   "--medusa_model_dir", "--num_medusa_heads", "--num_medusa_layers", "--max_medusa_token_len"]),
+        Where(
+            TRTLLM_REPO, "examples/medusa/convert_checkpoint.py", "b93e14ca093e446615f3009cae6ca5a33c4f2f56", "35-176"
+        ),
+        frozenset(
+            [
+                "--model_dir",
+                "--output_dir",
+                "--dtype",
+                "--tp_size",
+                "--pp_size",
+                "--workers",
+                "--medusa_model_dir",
+                "--num_medusa_heads",
+                "--num_medusa_layers",
+                "--max_medusa_token_len",
+            ]
+        ),
         ("vicuna",),
         _docs("advanced/speculative-decoding.html", "#limitations: Medusa only for Vicuna (fine tuned LLaMA)"),
         "rope_theta from the Hugging Face config (210); rope_scaling cut to {type: rope_type} (233-238), its "
         "factor dropped",
-    ),  # fmt: skip
+    ),
     REDRAFTER_CONVERTER: Converter(
-        Where(TRTLLM_REPO, "examples/redrafter/convert_checkpoint.py", "31a9cd42fb507b50df39df4e03066fa370e4683c",
-              "52-141"),
-        frozenset(["--base_model_checkpoint_dir", "--drafter_model_dir", "--output_dir", "--dtype", "--tp_size",
-                   "--workers", "--redrafter_num_beams", "--redrafter_draft_len_per_beam",
-                   "--redrafter_no_greedy_search"]),
+        Where(
+            TRTLLM_REPO,
+            "examples/redrafter/convert_checkpoint.py",
+            "31a9cd42fb507b50df39df4e03066fa370e4683c",
+            "52-141",
+        ),
+        frozenset(
+            [
+                "--base_model_checkpoint_dir",
+                "--drafter_model_dir",
+                "--output_dir",
+                "--dtype",
+                "--tp_size",
+                "--workers",
+                "--redrafter_num_beams",
+                "--redrafter_draft_len_per_beam",
+                "--redrafter_no_greedy_search",
+            ]
+        ),
         ("vicuna", "qwen2"),
         Where(TRTLLM_REPO, "examples/redrafter/README.md", "a35c38f32e0ed726a47971fe18ea73a5e5583ca4", "31-93"),
         "reads no RoPE key: base and scaling come from the base model's converted checkpoint (the Llama "
         "converter's); no --pp_size (pipeline parallelism 1)",
-    ),  # fmt: skip
+    ),
 }
 # The redrafter converter above takes an already converted base checkpoint; the one before it
 # (0e8b9484) took --model_dir and read Hugging Face's config under the key rotary_scaling (Hugging
@@ -466,39 +497,60 @@ class Mode:
 
 MODES: dict[str, Mode] = {
     "draft_target": Mode(
-        "draft_tokens_external", None, LLAMA_CONVERTER, "exact",
+        "draft_tokens_external",
+        None,
+        LLAMA_CONVERTER,
+        "exact",
         Where(TRTLLM_REPO, "examples/draft_target_model/README.md", "567239fcd40bda119965a3a8abf43856c63c9527", "74"),
         "with the draft's logits: modified rejection sampling; the draft built with --gather_generation_logits "
         "(README line 22)",
-    ),  # fmt: skip
+    ),
     "ngram": Mode(
-        "draft_tokens_external", None, LLAMA_CONVERTER, "exact",
+        "draft_tokens_external",
+        None,
+        LLAMA_CONVERTER,
+        "exact",
         Where(TRTLLM_REPO, "examples/draft_target_model/README.md", "567239fcd40bda119965a3a8abf43856c63c9527", "74"),
         "a deterministic draft verified by per-token comparison: the target samples each position and keeps "
         "the draft token only where it drew it, which is rejection sampling with a one-hot draft",
-    ),  # fmt: skip
+    ),
     "medusa": Mode(
-        "medusa", "medusa", MEDUSA_CONVERTER, "greedy_only",
+        "medusa",
+        "medusa",
+        MEDUSA_CONVERTER,
+        "greedy_only",
         _docs("advanced/speculative-decoding.html", "#limitations: medusa_temperature=0"),
-    ),  # fmt: skip
+    ),
     "lookahead": Mode(
-        "lookahead_decoding", "lookahead", LLAMA_CONVERTER, "greedy_only",
-        Where(TRTLLM_REPO, "cpp/include/tensorrt_llm/executor/types.h", "a98a9061d72f6fd39f5d055ebdd2c6878a100e2c",
-              "DecodingMode::Lookahead()"),
+        "lookahead_decoding",
+        "lookahead",
+        LLAMA_CONVERTER,
+        "greedy_only",
+        Where(
+            TRTLLM_REPO,
+            "cpp/include/tensorrt_llm/executor/types.h",
+            "a98a9061d72f6fd39f5d055ebdd2c6878a100e2c",
+            "DecodingMode::Lookahead()",
+        ),
         "no upstream statement either way; DecodingMode::Lookahead() sets no kUseTemperature",
-    ),  # fmt: skip
+    ),
     "redrafter": Mode(
-        "explicit_draft_tokens", "redrafter", REDRAFTER_CONVERTER, "greedy_only",
+        "explicit_draft_tokens",
+        "redrafter",
+        REDRAFTER_CONVERTER,
+        "greedy_only",
         Where(TRTLLM_REPO, "examples/redrafter/README.md", "a35c38f32e0ed726a47971fe18ea73a5e5583ca4", "15, 104"),
-        "the converter builds a greedy engine unless --redrafter_no_greedy_search; a greedy engine ignores "
-        "temperature",
-    ),  # fmt: skip
+        "the converter builds a greedy engine unless --redrafter_no_greedy_search; a greedy engine ignores temperature",
+    ),
     "eagle3": Mode(
-        None, None, None, "greedy_only",
+        None,
+        None,
+        None,
+        "greedy_only",
         _docs("features/speculative-decoding.html", "#verification-and-sampling: only greedy sampling"),
         "the PyTorch backend through the LLM API; one-model EAGLE-3 takes the argmax to verify and to draft "
         "(tensorrt_llm/_torch/speculative/eagle3.py @f933a608 470-471, 507)",
-    ),  # fmt: skip
+    ),
 }
 LOOKAHEAD_MAX_DRAFT_LEN_WHERE = Where(
     TRTLLM_REPO, "examples/lookahead/README.md", "83ab45a50d169b08e29e9bf2f46fc66b3838cc37", "20-29"
@@ -553,18 +605,31 @@ LLM_API: dict[str, ApiClass] = {
     "SamplingParams": ApiClass(
         "tensorrt_llm",
         {
-            name: Where(TRTLLM_REPO, "tensorrt_llm/sampling_params.py", "000a01de66f0eab4ab05640711f0253f50f5209c", line)
+            name: Where(
+                TRTLLM_REPO, "tensorrt_llm/sampling_params.py", "000a01de66f0eab4ab05640711f0253f50f5209c", line
+            )
             for name, line in (
-                ("end_id", "203"), ("max_tokens", "205"), ("top_k", "223"), ("top_p", "224"), ("seed", "228"),
-                ("temperature", "229"), ("return_perf_metrics", "248"),
+                ("end_id", "203"),
+                ("max_tokens", "205"),
+                ("top_k", "223"),
+                ("top_p", "224"),
+                ("seed", "228"),
+                ("temperature", "229"),
+                ("min_tokens", "230"),
+                ("return_perf_metrics", "248"),
             )
         },  # fmt: skip  (read at 1.0.0rc4: version.py line 15 at that commit)
     ),
 }
 # LLM.generate_async(inputs, sampling_params, streaming) -> RequestOutput: async-iterable, abort()
-GENERATE_ASYNC_WHERE = Where(TRTLLM_REPO, "tensorrt_llm/llmapi/llm.py", "4c05a74891e4df8066f08ed4ce14b0972abe4e25", "332-344")
+GENERATE_ASYNC_WHERE = Where(
+    TRTLLM_REPO, "tensorrt_llm/llmapi/llm.py", "4c05a74891e4df8066f08ed4ce14b0972abe4e25", "332-344"
+)
 REQUEST_OUTPUT_WHERE = Where(
-    TRTLLM_REPO, "tensorrt_llm/executor/result.py", "a678b91aafbeff265cd0b764abb59d7def624ac2", "119, 131, 707-712, 791-799"
+    TRTLLM_REPO,
+    "tensorrt_llm/executor/result.py",
+    "a678b91aafbeff265cd0b764abb59d7def624ac2",
+    "119, 131, 707-712, 791-799",
 )
 # outputs[0].request_perf_metrics is None without return_perf_metrics; on the 1.0 PyTorch path its
 # speculative_decoding section arrives zeroed (upstream's own later test says so)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 from support.trtllm import GPU_PROFILES, TRT_PROFILES, profile_file, tiny_profile
+from tritonclient.grpc import model_config_pb2
 
 from specdec.build import build, upstream
 from specdec.build import trtllm as t
