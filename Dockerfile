@@ -28,7 +28,7 @@ COPY assets ./assets
 COPY docker ./docker
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
  && pip freeze | grep -i '^numpy==' > /tmp/numpy.txt \
- && pip install --no-cache-dir -c /tmp/numpy.txt numba rich psutil "tritonclient[grpc,http]" \
+ && pip install --no-cache-dir -c /tmp/numpy.txt numba rich psutil aiohttp "tritonclient[grpc,http]" \
  && rm /tmp/numpy.txt
 
 # Runs as a user without root. Engines go to /engines (a volume); weights are read from /models.
@@ -41,7 +41,7 @@ ENV SPECDEC_PROFILE=/opt/specdec/configs/llama3.1-8b-draft-target.yaml \
     SPECDEC_TRTLLM_EXAMPLES=/opt/tensorrt_llm/examples \
     SPECDEC_HOST=0.0.0.0
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 9000
 # Building engines on first start takes a while: the long start period keeps it "starting".
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60m --retries=3 \
     CMD ["python3", "/opt/specdec/docker/healthcheck.py"]

@@ -6,8 +6,8 @@
 #   docker/entrypoint.sh [PROFILE]    default: $SPECDEC_PROFILE, else configs/embedded.yaml
 # Without Docker it runs the same way: with no /opt/tritonserver, `specdec serve` uses the
 # tritonserver of the nvidia-pytriton wheel (CPU), so the embedded profile works end to end.
-# SPECDEC_HOST, SPECDEC_HTTP_PORT, SPECDEC_GRPC_PORT, SPECDEC_METRICS_PORT override the profile's
-# server section; SPECDEC_PYTHON is the interpreter that has the specdec package (python3).
+# SPECDEC_HOST, SPECDEC_HTTP_PORT, SPECDEC_GRPC_PORT, SPECDEC_METRICS_PORT, SPECDEC_OPENAI_PORT
+# (0: no OpenAI-compatible API) override the profile's server section; SPECDEC_PYTHON is the interpreter that has the specdec package (python3).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,4 +21,5 @@ args=(--profile "$profile")
 [[ -n ${SPECDEC_HTTP_PORT:-} ]] && args+=(--http-port "$SPECDEC_HTTP_PORT")
 [[ -n ${SPECDEC_GRPC_PORT:-} ]] && args+=(--grpc-port "$SPECDEC_GRPC_PORT")
 [[ -n ${SPECDEC_METRICS_PORT:-} ]] && args+=(--metrics-port "$SPECDEC_METRICS_PORT")
+[[ -n ${SPECDEC_OPENAI_PORT:-} ]] && args+=(--openai-port "$SPECDEC_OPENAI_PORT")
 exec "$python" -m specdec.cli serve --no-build "${args[@]}"

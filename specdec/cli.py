@@ -76,7 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or s.host
     if host not in ("127.0.0.1", "localhost", "::1"):
         console.print(f"[yellow]warning:[/] serving on {host}: reachable from other machines (no authentication)")
-    ports = Ports(args.http_port or s.http_port, args.grpc_port or s.grpc_port, args.metrics_port or s.metrics_port)
+    openai = s.openai_port if args.openai_port is None else args.openai_port
+    ports = Ports(args.http_port or s.http_port, args.grpc_port or s.grpc_port, args.metrics_port or s.metrics_port,
+                  openai)  # fmt: skip
     if not args.no_build:
         build(profile)
     server = TritonServer(profile, host=host, ports=ports)
@@ -92,7 +94,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         with console.status("loading models..."):
             server.wait_ready()
         console.print(
-            f"[green]ready[/]  gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}\n"
+            f"[green]ready[/]  gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}"
+            + (f"  OpenAI {server.openai_url}" if server.openai_url else "")
+            + "\n"
             f"log: {server.log_file if not args.verbose else '(this terminal)'}   Ctrl-C stops"
         )
         return supervise(server, console.print)
@@ -280,6 +284,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int)
     p.add_argument("--grpc-port", type=int)
     p.add_argument("--metrics-port", type=int)
+    p.add_argument("--openai-port", type=int, help="the OpenAI-compatible API's port (0: none; default: the profile's)")
     p.add_argument("--no-build", action="store_true", help="serve what was built, do not check the build")
     p.add_argument("--verbose", action="store_true", help="server log to this terminal")
     p.set_defaults(func=cmd_serve)
@@ -318,13 +323,15 @@ def parser() -> argparse.ArgumentParser:
     # and level, the same in a run of one arm at one level.
     p = sub.add_parser("bench", help="load generator: speculation against the baseline across load levels")
     _add_profile(p)
-    p.add_argument("--url", help="address of a running server for --transport (gRPC host:8001, HTTP host:8000); "
-                   "default: start the profile's server for the run")  # fmt: skip
+    p.add_argument("--url", help="address of a running server for --transport (gRPC host:8001, HTTP host:8000, "
+                   "OpenAI host:9000); default: start the profile's server for the run")  # fmt: skip
     p.add_argument(
         "--metrics-url", help="its Prometheus endpoint (default: the --url host, the profile's metrics port)"
     )
     p.add_argument("--server-pid", type=int, help="its process, for memory (default: the one listening on --url)")
-    p.add_argument("--transport", choices=["grpc", "http"], default="grpc")
+    p.add_argument("--transport", choices=["grpc", "http", "openai"], default="grpc",
+                   help="the ensemble over gRPC or HTTP, or the OpenAI-compatible API (chat; completions "
+                   "for prompts without the chat template)")  # fmt: skip
     p.add_argument("--arms", help="comma-separated: baseline, ngram[:K], draft_model[:K] (default: the baseline, "
                    "the profile's proposer and the draft model)")  # fmt: skip
     p.add_argument("--concurrency", "--max-concurrency", dest="concurrency",

@@ -286,6 +286,9 @@ class ServerOptions(_Strict):
     http_port: Annotated[int, Field(ge=1, le=65535)] = 8000
     grpc_port: Annotated[int, Field(ge=1, le=65535)] = 8001
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 8002
+    openai_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        9000, description="the OpenAI-compatible API (/v1/chat/completions, ...) beside Triton's; 0: none"
+    )
     max_inflight: Annotated[int, Field(ge=1)] = 64
     max_queue: Annotated[int, Field(ge=0)] = 256
     batch_wait_ms: Annotated[float, Field(ge=0, le=1000)] = Field(

@@ -23,6 +23,7 @@ ENGINE_INPUTS: dict[str, np.dtype] = {
     "runtime_top_k": np.int32,
     "runtime_top_p": np.float32,
     "seed": np.uint64,
+    "min_tokens": np.int32,  # the call's first min_tokens new tokens are not end_id (min_length's rest)
     "return_generation_logits": np.bool_,
     "return_perf_metrics": np.bool_,
     "exclude_input_in_output": np.bool_,
@@ -53,6 +54,7 @@ SEQUENCE_KEY_INPUT, ROW_ERRORS_OUTPUT = "sequence_key", "row_errors"
 # --- the ensemble: what clients, genai-perf and curl talk to ------------------------------------
 ENSEMBLE_INPUTS: dict[str, np.dtype] = {
     "text_input": np.object_,  # BYTES
+    "messages": np.object_,  # BYTES: a conversation as JSON, [{"role": ..., "content": ...}], instead of text_input
     "max_tokens": np.int32,
     "temperature": np.float32,
     "top_k": np.int32,
@@ -65,6 +67,8 @@ ENSEMBLE_INPUTS: dict[str, np.dtype] = {
     "draft_method": np.object_,  # BYTES: draft_model | ngram | none
     "apply_chat_template": np.bool_,
     "cache_salt": np.object_,  # BYTES: requests share cached prefixes only with the same salt
+    "min_length": np.int32,  # the end token is not generated before this many tokens (genai-perf sends it)
+    "exclude_input_in_output": np.bool_,  # true only: text_output is the generated text (genai-perf sends it)
 }
 ENSEMBLE_OUTPUTS: dict[str, np.dtype] = {
     "text_output": np.object_,
@@ -72,6 +76,7 @@ ENSEMBLE_OUTPUTS: dict[str, np.dtype] = {
     "total_accepted_draft_tokens": np.int32,
     "total_draft_rounds": np.int32,  # verification rounds that carried drafts: mean accepted length
     "num_output_tokens": np.int32,  # tokens generated so far
+    "num_input_tokens": np.int32,  # the prompt's tokens (after the chat template)
     "acceptance_rate": np.float32,
 }
 
@@ -91,6 +96,7 @@ SPEC_DECODE_INPUTS: dict[str, np.dtype] = {
     "draft_method": np.object_,
     "cache_salt": np.object_,
     "cancel_sequence_id": np.uint64,  # a control request: cancel that running sequence
+    "min_tokens": np.int32,
 }
 SPEC_DECODE_OUTPUTS: dict[str, np.dtype] = {
     "sequence_id": np.uint64,  # [1] quoted by postprocessing to relay a client's cancellation
@@ -101,6 +107,7 @@ SPEC_DECODE_OUTPUTS: dict[str, np.dtype] = {
     "total_accepted_draft_tokens": np.int32,
     "total_draft_rounds": np.int32,
     "num_output_tokens": np.int32,
+    "num_input_tokens": np.int32,
     "acceptance_rate": np.float32,
 }
 

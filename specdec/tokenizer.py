@@ -47,12 +47,22 @@ class TextTokenizer:
         """The prompt a chat model expects for one user turn, ending where the answer starts."""
         if self._template is None:
             return user_text
+        return self.conversation([{"role": "user", "content": user_text}])
+
+    def conversation(self, messages: list[dict[str, str]]) -> str:
+        """A conversation ({role, content} messages: system, user, assistant turns) as the chat
+        template writes it, ending where the next answer starts. ValueError without a template."""
+        if self._template is None:
+            raise ValueError("messages: this model has no chat template; send the prompt as text_input")
         return self._template.render(
-            messages=[{"role": "user", "content": user_text}],
+            messages=messages,
             add_generation_prompt=True,
             bos_token=self.config.get("bos_token", ""),
             eos_token=self.config.get("eos_token", ""),
         )
+
+    def conversation_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.encode(self.conversation(messages))
 
     def user_turn(self) -> tuple[str, str] | None:
         """The chat template's text before and after a lone user turn's text (chat_prompt() is

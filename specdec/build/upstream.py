@@ -653,3 +653,35 @@ IMPORT_INIT_WHERE = Where(TRTLLM_REPO, "tensorrt_llm/_common.py", "73c0d691ea936
 # the backend spawning each engine's ranks; executor_worker_path is read only then (model_instance_state.cc 247-257)
 ORCHESTRATOR_WHERE = Where(BACKEND_REPO, "scripts/launch_triton_server.py", V019, "119-128, 158, 218-221")
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"  # model_state.cc 180
+
+
+# --- Triton's OpenAI frontend (the server repository's python/openai) -------------------------------
+# At v2.61.0, the Triton of the pinned container (build.py line 74-75: 2.61.0 is 25.09). The bundle
+# serves its own frontend (specdec/openai/) instead, for the reasons these facts give; the
+# conformance test tests/unit/openai/test_triton_frontend.py keeps them current.
+SERVER_REPO = "triton-inference-server/server"
+TRITON_SERVER_TAG = "v2.61.0"
+_FRONTEND = "python/openai/openai_frontend"
+
+
+def _frontend(path: str, lines: str) -> Where:
+    return Where(SERVER_REPO, f"{_FRONTEND}/{path}", TRITON_SERVER_TAG, lines)
+
+
+# A model that is not a vLLM one (an ensemble included) gets the TensorRT-LLM request format
+TRITON_OPENAI_CONVERTER_WHERE = _frontend("engine/triton_engine.py", "365-376")
+# ... these inputs, at most (stop_words as a list, each tensor [1, 1]); no apply_chat_template,
+# no min_length, no speculation controls
+TRITON_OPENAI_TRTLLM_INPUTS = ("text_input", "stream", "max_tokens", "stop_words", "top_p", "frequency_penalty",
+                               "presence_penalty", "seed", "temperature")  # fmt: skip
+TRITON_OPENAI_TRTLLM_INPUTS_WHERE = _frontend("engine/utils/triton.py", "131-176")
+# A chat's conversation is templated in the frontend, by the tokenizer it is given (--tokenizer),
+# and sent as text_input: an ensemble that applies the chat template itself applies it twice
+TRITON_OPENAI_TEMPLATES_WHERE = _frontend("engine/triton_engine.py", "182-188")
+# usage (prompt and completion tokens) is read only from vLLM models' responses
+TRITON_OPENAI_USAGE_BACKENDS = ("vllm",)
+TRITON_OPENAI_USAGE_WHERE = _frontend("engine/utils/triton.py", "265-275")
+# every model of the repository is served as an OpenAI model (the engine and BLS models too)
+TRITON_OPENAI_MODELS_WHERE = _frontend("engine/triton_engine.py", "395-425")
+# it runs tritonserver in its own process (the in-process Python API), in place of the server binary
+TRITON_OPENAI_IN_PROCESS_WHERE = _frontend("main.py", "203-204")

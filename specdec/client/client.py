@@ -134,7 +134,8 @@ class TritonClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def _inputs(self, values: dict[str, object], dtypes: dict) -> list:
+    def inputs(self, values: dict[str, object], dtypes: dict) -> list:
+        """tritonclient's inputs for {name: value} (a value per request: scalars, lists, text)."""
         inputs = []
         for name, value in values.items():
             arr = _array(name, value, dtypes)
@@ -143,11 +144,12 @@ class TritonClient:
             inputs.append(tensor)
         return inputs
 
-    async def _stream(
+    async def stream(
         self, model: str, inputs: list, outputs: list[str], cancel_after: int | None = None
     ) -> AsyncIterator:
         """Yield InferResult objects of one request until its final response, or cancel the
-        request (the client closing its stream) after `cancel_after` responses."""
+        request (the client closing its stream) after `cancel_after` responses, or when the
+        caller stops reading (a closed or cancelled iteration)."""
 
         async def requests():
             yield {
@@ -162,15 +164,20 @@ class TritonClient:
         failure = None
         received = 0
         responses = self.client.stream_infer(requests())
-        async for result, error in responses:
-            if error is not None:
-                failure = failure or str(error)
-            elif result.get_response().outputs:
-                yield result
-                received += 1
-                if received == cancel_after:
-                    responses.cancel()
-                    return
+        finished = False
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    failure = failure or str(error)
+                elif result.get_response().outputs:
+                    yield result
+                    received += 1
+                    if received == cancel_after:
+                        return
+            finished = True
+        finally:
+            if not finished:
+                responses.cancel()
         if failure:
             raise RuntimeError(failure)
 
@@ -185,11 +192,11 @@ class TritonClient:
         """Text through the ensemble; on_chunk(text) is called as each chunk arrives; with
         cancel_after, the client cancels the request after that many chunks."""
         values = {"text_input": prompt, "stream": stream, **params.tensors()}
-        inputs = self._inputs(values, ENSEMBLE_INPUTS)
+        inputs = self.inputs(values, ENSEMBLE_INPUTS)
         outputs = ["text_output", *TOTALS]
         record = Record(start=time.perf_counter())
         try:
-            async for result in self._stream("ensemble", inputs, outputs, cancel_after):
+            async for result in self.stream("ensemble", inputs, outputs, cancel_after):
                 text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
                 record.chunks.append((time.perf_counter(), text))
                 if on_chunk is not None:
@@ -207,11 +214,11 @@ class TritonClient:
         values = {"input_ids": list(input_ids), "stream": stream, **params.tensors()}
         for name in ("stop_words", "apply_chat_template"):
             values.pop(name, None)
-        inputs = self._inputs(values, SPEC_DECODE_INPUTS)
+        inputs = self.inputs(values, SPEC_DECODE_INPUTS)
         outputs = ["output_ids", "context_length", *TOTALS]
         record = Record(start=time.perf_counter())
         try:
-            async for result in self._stream("spec_decode", inputs, outputs, cancel_after):
+            async for result in self.stream("spec_decode", inputs, outputs, cancel_after):
                 window = result.as_numpy("output_ids").reshape(-1).tolist()
                 context = int(result.as_numpy("context_length").reshape(-1)[0])
                 record.chunks.append((time.perf_counter(), window[context:]))
@@ -248,6 +255,66 @@ async def http_generate(url: str, prompt: str, params: RequestParams, stream: bo
                     _add_chunk(record, data)
     record.end = time.perf_counter()
     return record
+
+
+# RequestParams' fields under the OpenAI API's names (specdec/openai/protocol.py reads them)
+OPENAI_NAMES = {"stop_words": "stop"}
+
+
+async def openai_generate(session, base_url: str, model: str, prompt: str, params: RequestParams,
+                          stream: bool = False) -> Record:  # fmt: skip
+    """The OpenAI-compatible API (`base_url` ends in /v1): a chat of one user turn, or a
+    completion where params.apply_chat_template is false; `session` an aiohttp.ClientSession.
+    Streams ask for the usage in every chunk (continuous_usage_stats), beside which `speculation`
+    carries the request's drafts so far: the record's totals, chunk by chunk, as over gRPC."""
+    chat = params.apply_chat_template is not False
+    fields = {OPENAI_NAMES.get(k, k): v for k, v in params.tensors().items() if k != "apply_chat_template"}
+    end_id = fields.pop("end_id", None)
+    if end_id == -1:  # no end token (a fixed output length): min_tokens holds it back to the end
+        fields["min_tokens"] = params.max_tokens
+    elif end_id is not None:
+        raise ValueError("end_id: the OpenAI API has no end token field")
+    body = {"model": model, "stream": stream, **fields}
+    body |= {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    if stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    record = Record(start=time.perf_counter())
+    async with session.post(f"{base_url}/{'chat/completions' if chat else 'completions'}", json=body) as resp:
+        if resp.status != 200:
+            record.error = f"HTTP {resp.status}: {(await resp.text()).strip()}"
+        elif not stream:
+            _add_openai(record, await resp.json(), chat)
+        else:
+            async for line in resp.content:
+                data = line.decode("utf-8").strip().removeprefix("data:").strip()
+                if not data or data == "[DONE]":
+                    continue
+                answer = json.loads(data)
+                if "error" in answer:
+                    record.error = answer["error"]["message"]
+                    break
+                _add_openai(record, answer, chat)
+    record.end = time.perf_counter()
+    return record
+
+
+def _add_openai(record: Record, answer: dict, chat: bool) -> None:
+    """A whole answer or a stream's chunk: its text and the totals its usage carries (a closing
+    chunk of usage alone updates the totals)."""
+    spec = answer.get("speculation") or {}
+    usage = answer.get("usage") or {}
+    totals = {"num_output_tokens": usage.get("completion_tokens"), "total_draft_tokens": spec.get("draft_tokens"),
+              "total_accepted_draft_tokens": spec.get("accepted_tokens"),
+              "total_draft_rounds": spec.get("draft_rounds")}  # fmt: skip
+    if not answer.get("choices"):
+        for name, value in totals.items():
+            if value is not None:
+                setattr(record, name, int(value))
+        return
+    choice = answer["choices"][0]
+    text = (choice.get("message") or choice.get("delta") or {}).get("content") if chat else choice.get("text")
+    record.chunks.append((time.perf_counter(), text or ""))
+    record.take_totals(totals.get)
 
 
 def _add_chunk(record: Record, data: dict) -> None:

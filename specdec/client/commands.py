@@ -41,8 +41,9 @@ def server_for(profile: Profile, url: str | None, transport: str = "grpc", metri
         yield ServerHandle(url, metrics_url or f"http://{host}:{profile.server.metrics_port}/metrics", pid)
         return
     with embedded_server(profile) as (grpc_url, http_url, server):
+        urls = {"grpc": grpc_url, "http": http_url, "openai": f"{server.host}:{server.ports.openai}"}
         yield ServerHandle(
-            grpc_url if transport == "grpc" else http_url,
+            urls[transport],
             server.metrics_url,
             server.process.pid if server.process else None,
         )

@@ -47,7 +47,7 @@ import aiohttp
 import grpc
 from tritonclient.utils import InferenceServerException
 
-from specdec.client.client import Record, RequestParams, TritonClient, http_generate
+from specdec.client.client import Record, RequestParams, TritonClient, http_generate, openai_generate
 from specdec.client.metrics import SLO, ArmSummary, benchmark_duration, last_response, summarize
 from specdec.client.server_stats import (
     MemorySampler,
@@ -172,7 +172,7 @@ class BenchConfig:
     request_timeout: float = 300.0
     interleave: str = "block"  # block | request (see the module doc)
     block_size: int | None = None  # requests per block; default 2 x C (closed loop) or 4 (open loop)
-    transport: str = "grpc"  # grpc | http
+    transport: str = "grpc"  # grpc | http | openai (a key of SENDERS)
     stream: bool = True
     temperature: float | None = None  # None: greedy
     top_p: float | None = None  # None: the server's default (no cut)
@@ -423,6 +423,33 @@ class HttpSender:
         pass
 
 
+class OpenAISender:
+    """Requests through the OpenAI-compatible API (`url`: its host:port), on one connection pool;
+    the model is the one the server lists."""
+
+    def __init__(self, url: str, stream: bool):
+        self.base_url = f"http://{url}/v1"
+        self.stream = stream
+        self.session: aiohttp.ClientSession | None = None
+        self.model: str | None = None
+
+    async def __call__(self, prompt: Prompt, params: RequestParams) -> Record:
+        if self.session is None:
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        if self.model is None:
+            async with self.session.get(f"{self.base_url}/models") as resp:
+                resp.raise_for_status()
+                self.model = (await resp.json())["data"][0]["id"]
+        return await openai_generate(self.session, self.base_url, self.model, prompt.text, params, self.stream)
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
+SENDERS: dict[str, Callable[[str, bool], Sender]] = {"grpc": GrpcSender, "http": HttpSender, "openai": OpenAISender}
+
+
 def failure_reason(err: BaseException) -> str:
     """A failed request's reason, short and fixed enough to count requests by."""
     if isinstance(err, TimeoutError):
@@ -501,8 +528,7 @@ class LoadGenerator:
     async def run(self) -> BenchResult:
         cfg = self.config
         if self.sender is None:
-            sender_type = GrpcSender if cfg.transport == "grpc" else HttpSender
-            self.sender = sender_type(self.url, cfg.stream)
+            self.sender = SENDERS[cfg.transport](self.url, cfg.stream)
         levels = []
         try:
             with progress_bar() as progress:

@@ -45,6 +45,7 @@ class GenerationRequest:
     draft_logits: np.ndarray | None = None  # (k, V) the proposer's logits; None = deterministic proposer
     sampling: SamplingParams = field(default_factory=SamplingParams)
     end_id: int | None = None
+    min_tokens: int = 0  # the call's first min_tokens new tokens are not end_id (its logit is -inf there)
     sequence_key: str = ""  # "" = keep nothing after the call
     cache_salt: str = ""  # reuse only prefixes that requests of this salt left (kv_slots.py)
     return_logits: bool = False
@@ -330,7 +331,8 @@ class Engine:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
         greedy = [i for i, s in enumerate(seqs) if s.req.sampling.greedy]
-        only_greedy = len(greedy) == len(seqs) and not any(s.req.return_logits for s in seqs)
+        held = [i for i, s in enumerate(seqs) if s.req.end_id is not None and len(s.new) < s.req.min_tokens]
+        only_greedy = len(greedy) == len(seqs) and not held and not any(s.req.return_logits for s in seqs)
         hidden, out, seconds = self._forward(
             tensor(tokens), tensor(positions), tensor(slot_of_row), tensor(logit_rows), greedy=only_greedy
         )
@@ -341,6 +343,11 @@ class Engine:
             best = out  # each row's argmax
         else:
             logits = out
+            with torch.inference_mode():  # (the forward's logits are inference tensors)
+                for i in held:  # no end token before min_tokens: as if the model could not write it there
+                    s = seqs[i]
+                    rows = min(len(drafts[i]) + 1, s.req.min_tokens - len(s.new))
+                    logits[starts[i] : starts[i] + rows, s.req.end_id] = -math.inf
             best = _argmax(logits).tolist() if greedy else []
         verified = [verify.greedy_verify(best[starts[i] : starts[i] + len(drafts[i]) + 1], drafts[i]) for i in greedy]
         verdicts = dict(zip(greedy, verified, strict=True))

@@ -70,6 +70,7 @@ class RequestSpec:
     num_draft_tokens: int  # requested draft length; 0 turns speculation off
     end_id: int | None = None
     stop_words: tuple[tuple[int, ...], ...] = ()
+    min_tokens: int = 0  # the end token and stop words end nothing before this many tokens
 
 
 class Generation:
@@ -86,6 +87,11 @@ class Generation:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def min_tokens_left(self) -> int:
+        """Tokens still to generate before the end token may come (an engine call's min_tokens)."""
+        return max(0, self.spec.min_tokens - len(self.generated))
+
     def draft_budget(self, k: int) -> int:
         """A verification emits up to k + 1 tokens: never draft past max_tokens."""
         return max(0, min(k, self.spec.max_tokens - len(self.generated) - 1))
@@ -97,13 +103,14 @@ class Generation:
         self.stats.record(len(draft), accepted_length(draft, target_tokens))
         out: list[int] = []
         for tok in target_tokens:
-            if tok == self.spec.end_id:
+            early = len(self.generated) < self.spec.min_tokens  # (the engines keep end_id out of these)
+            if tok == self.spec.end_id and not early:
                 self.finish_reason = "eos"
                 break
             out.append(tok)
             self.tokens.append(tok)
             self.generated.append(tok)
-            if self._hit_stop_word():
+            if not early and self._hit_stop_word():
                 self.finish_reason = "stop"
                 break
             if len(self.generated) >= self.spec.max_tokens:

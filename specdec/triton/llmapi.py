@@ -61,6 +61,7 @@ def sampling_kwargs(req: GenerationRequest) -> dict:
         "end_id": req.end_id,
         "seed": s.seed,
         "return_perf_metrics": True,
+        **({"min_tokens": req.min_tokens} if req.min_tokens else {}),
         **sampling,
     }
 

@@ -112,7 +112,9 @@ class PassthroughService:
                         break
                     remaining = req.spec.max_tokens - len(gen.generated)
                     asked = min(self.chunk, remaining) if req.stream else remaining
-                    ids, _, _ = await target.generate(gen.tokens, asked, sampling, key, end_id)
+                    ids, _, _ = await target.generate(
+                        gen.tokens, asked, sampling, key, end_id, min_tokens=min(asked, gen.min_tokens_left)
+                    )
                     new = gen.accept([], ids) if ids else []
                     if not gen.finished and len(ids) < asked:
                         gen.finish_reason = "eos"  # the engine ended at its end token and left it out

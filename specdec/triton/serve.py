@@ -83,6 +83,13 @@ def install_standins(backend_dir: Path) -> None:
     shutil.copy2(TEMPLATES / "tensorrtllm" / "standin" / "model.py", backend_dir / "tensorrtllm" / "model.py")
 
 
+def answers(url: str) -> bool:
+    """Whether a GET of `url` answers 200."""
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
+        return resp.status == 200
+    return False
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -94,10 +101,11 @@ class Ports:
     http: int
     grpc: int
     metrics: int
+    openai: int = 0  # the OpenAI-compatible frontend's; 0: none
 
     @classmethod
     def free(cls, host: str = "127.0.0.1") -> Ports:
-        return cls(free_port(host), free_port(host), free_port(host))
+        return cls(free_port(host), free_port(host), free_port(host), free_port(host))
 
 
 class TritonServer:
@@ -116,9 +124,10 @@ class TritonServer:
         self.profile = profile
         self.standin = standin
         self.supervised = False  # `specdec serve`'s: its state is written for probes (write_state)
+        self.frontend: subprocess.Popen | None = None
         self.host = host or profile.server.host
         s = profile.server
-        self.ports = ports or Ports(s.http_port, s.grpc_port, s.metrics_port)
+        self.ports = ports or Ports(s.http_port, s.grpc_port, s.metrics_port, s.openai_port)
         self.log_file = log_file or profile.build_path() / "logs" / "tritonserver.log"
         self.process: subprocess.Popen | None = None
         self.foreground_log = False
@@ -203,7 +212,27 @@ class TritonServer:
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,  # its own process group: stop() can reach the stubs too
         )
+        self.frontend = self._start_frontend(out)
         return self
+
+    @property
+    def openai_url(self) -> str | None:
+        return f"http://{self.host}:{self.ports.openai}/v1" if self.ports.openai else None
+
+    def _start_frontend(self, out) -> subprocess.Popen | None:
+        """The OpenAI-compatible frontend (specdec/openai/server.py) beside tritonserver, its
+        output in the server's log."""
+        if not self.ports.openai:
+            return None
+        s, engine = self.profile.server, self.profile.engine
+        argv = [
+            sys.executable, "-m", "specdec.openai.server",
+            f"--triton-url={self.grpc_url}", f"--model={self.profile.name}",
+            f"--host={self.host}", f"--port={self.ports.openai}",
+            f"--max-tokens-limit={min(s.max_tokens_limit, engine.max_seq_len - 1)}",
+            f"--max-body-bytes={2 * s.max_prompt_bytes + 65536}",
+        ]  # fmt: skip
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until the server is ready; ServerError if it exits first or is not ready within
@@ -214,12 +243,14 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    if self.process is not None:
-                        self.shared_memory = mapped_shared_memory(triton_process(self.process.pid))
-                        self.stubs = python_stubs(self.process.pid)
-                    return
+            if self.frontend is not None and self.frontend.poll() is not None:
+                raise ServerError(f"the OpenAI-compatible frontend exited ({self.frontend.returncode})\n"
+                                  f"{self.log_tail()}")  # fmt: skip
+            if answers(url) and (self.openai_url is None or answers(f"{self.openai_url}/models")):
+                if self.process is not None:
+                    self.shared_memory = mapped_shared_memory(triton_process(self.process.pid))
+                    self.stubs = python_stubs(self.process.pid)
+                return
             time.sleep(0.5)
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s\n{self.log_tail()}")
 
@@ -230,6 +261,8 @@ class TritonServer:
         every request from then on, or (spec_decode's) leaves its streams waiting."""
         if self.process is not None and (code := self.process.poll()) is not None:
             return f"tritonserver exited ({code})"
+        if self.frontend is not None and (code := self.frontend.poll()) is not None:
+            return f"the OpenAI-compatible frontend exited ({code})"
         if dead := sorted({model for model, stub in self.stubs if not alive(stub)}):
             return f"the Python backend stub of {', '.join(dead)} died"
         return None
@@ -265,6 +298,14 @@ class TritonServer:
             if self.supervised:
                 write_state(self.profile, DRAINING)
             self.drain()
+        frontend, self.frontend = self.frontend, None
+        if frontend is not None:  # (after the drain: its streams ended with the requests)
+            frontend.terminate()
+            try:
+                frontend.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                frontend.kill()
+                frontend.wait()
         proc, self.process = self.process, None
         drain_path(self.profile.build_path()).unlink(missing_ok=True)
         if proc is not None:

@@ -194,6 +194,7 @@ class EngineClient:
         return_logits: bool = False,
         return_guess: bool | None = None,
         cache_salt: str = "",
+        min_tokens: int = 0,
     ) -> PreparedCall:
         """The call of generate(), prepared. return_guess: ask for the engine's guess
         (specdec/engine/guess.py): True or False from a client whose engine has a guess head (all
@@ -215,6 +216,8 @@ class EngineClient:
         }
         if end_id is not None or self.uniform_inputs:
             inputs["end_id"] = _scalar(-1 if end_id is None else end_id, np.int32)  # -1: none
+        if min_tokens or self.uniform_inputs:
+            inputs["min_tokens"] = _scalar(min_tokens, np.int32)
         if draft.ids or self.uniform_inputs:
             inputs["draft_input_ids"] = np.array([draft.ids], dtype=np.int32)  # (1, 0) when empty
         if draft.logits is not None:
@@ -351,10 +354,11 @@ class SpecDecodeService:
         self.admission = admission_for(profile, self.metrics, min(profile.server.max_inflight, profile.engine.kv_slots))
 
     def _proposer(
-        self, name: str, sampling: SamplingParams, key: str, end_id: int | None, prompt_length: int, salt: str
+        self, name: str, sampling: SamplingParams, key: str, spec: loop.RequestSpec, salt: str
     ) -> tuple[loop.Proposer, FindEvidence, PromptLookup | None]:
         """The request's proposer, what it finds before drafting (Controller.choose_k), and the
         prompt lookup that hears the engine's guesses, if it is one and there are guesses."""
+        prompt_length = len(spec.prompt_ids)
         if name == "ngram":
             wanted = partial(self.controller.would_draft, key, Lead.PHRASE)
             lookup = PromptLookup(self.ngram, prompt_length, self.phrases, wanted, self.opening)
@@ -378,9 +382,11 @@ class SpecDecodeService:
                 if failed:
                     return loop.NO_DRAFT
                 try:
+                    min_tokens = max(0, spec.min_tokens - (len(tokens) - prompt_length))
                     ids, logits, _ = await self.draft.generate(
-                        tokens, k, draft_sampling, key, end_id, return_logits=not draft_sampling.greedy, cache_salt=salt
-                    )
+                        tokens, k, draft_sampling, key, spec.end_id, return_logits=not draft_sampling.greedy,
+                        cache_salt=salt, min_tokens=min_tokens,
+                    )  # fmt: skip
                 except EngineError as err:
                     failed = True
                     self.metrics.fallback(name)
@@ -403,9 +409,7 @@ class SpecDecodeService:
         sampling, end_id = request_sampling(req), req.spec.end_id
         key = new_sequence_key()
         gen = loop.Generation(req.spec)
-        propose, evidence, listener = self._proposer(
-            req.proposer, sampling, key, end_id, len(req.spec.prompt_ids), req.cache_salt
-        )
+        propose, evidence, listener = self._proposer(req.proposer, sampling, key, req.spec, req.cache_salt)
 
         async def verify(tokens: list[int], draft: loop.Draft) -> list[int]:
             rows = len(draft.ids) + (1 if gen.stats.rounds else len(tokens))  # the first call prefills
@@ -413,8 +417,9 @@ class SpecDecodeService:
             if self.guesses:
                 ask = listener is not None and self.controller.would_draft(key, Lead.GUESS)
             send = self.target.prepare_generate(
-                tokens, len(draft.ids) + 1, sampling, key, end_id, draft, return_guess=ask, cache_salt=req.cache_salt
-            )
+                tokens, len(draft.ids) + 1, sampling, key, end_id, draft, return_guess=ask, cache_salt=req.cache_salt,
+                min_tokens=gen.min_tokens_left,
+            )  # fmt: skip
             ids, _, guesses = await self.lockstep.call(member, rows, send)
             if listener is not None:
                 listener.heard(len(tokens) + len(ids), guesses)
@@ -498,7 +503,10 @@ def local_call(engines: dict[str, Engine]) -> PrepareCall:
 
     def flush(model: str) -> None:
         batch, pending[model] = pending[model], []
-        answers = run_engine_calls(engines[model], [call for call, _ in batch])
+        try:
+            answers = run_engine_calls(engines[model], [call for call, _ in batch])
+        except Exception as err:  # an engine bug: every call of the batch fails with it, none waits forever
+            answers = [err] * len(batch)
         for (_, future), answer in zip(batch, answers, strict=True):
             if isinstance(answer, Exception):
                 future.set_exception(EngineError(f"{model}: {answer}"))

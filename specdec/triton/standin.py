@@ -229,7 +229,8 @@ class Standin:
                     draft = self.lookup.propose(tokens, min(IN_ENGINE_DRAFT, left - 1))
                     step.append(GenerationRequest(tokens, 1 + len(draft), draft if len(draft) else None,
                                                   sampling=req.sampling, end_id=req.end_id, sequence_key=keys[i],
-                                                  cache_salt=req.cache_salt))  # fmt: skip
+                                                  cache_salt=req.cache_salt,
+                                                  min_tokens=max(0, req.min_tokens - len(result.tokens))))  # fmt: skip
                 for i, new in zip(running, self.engine.generate(step), strict=True):
                     if isinstance(new, Exception):
                         results[i] = new
@@ -327,7 +328,8 @@ class LLM(_Fields):
             if self.lock is None:
                 self.lock = asyncio.Lock()
             s = sampling_params
-            req = GenerationRequest(np.asarray(inputs, dtype=np.int64), s.max_tokens, end_id=s.end_id)
+            req = GenerationRequest(np.asarray(inputs, dtype=np.int64), s.max_tokens, end_id=s.end_id,
+                                    min_tokens=getattr(s, "min_tokens", 0))  # fmt: skip
             async with self.lock:
                 (result,) = await asyncio.get_running_loop().run_in_executor(None, self.standin.generate, [req])
             if isinstance(result, Exception):

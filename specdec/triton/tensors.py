@@ -7,6 +7,7 @@ starts with the name of the field the client sent.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -118,23 +119,63 @@ _ENGINE_SAMPLING = {"temperature": "temperature", "top_k": "runtime_top_k", "top
 
 
 # --- preprocessing -----------------------------------------------------------------------------
+ROLES = ("system", "user", "assistant")
+
+
 @dataclass
 class PreprocessRequest:
-    text: str
+    text: str  # the prompt, or "" where the request sent a conversation
     max_tokens: int
     stop_words: list[str]
     end_id: int | None
     apply_chat_template: bool
+    messages: list[dict[str, str]] | None = None  # a conversation for the chat template, else None
+
+    @property
+    def prompt_field(self) -> str:
+        """The input the prompt came in, for refusals that name it."""
+        return "text_input" if self.messages is None else "messages"
+
+
+def parse_messages(value, profile: Profile) -> list[dict[str, str]]:
+    """A conversation ([{"role": "system" | "user" | "assistant", "content": str}, ...]) from
+    JSON text, checked; the whole no larger than the prompt's limit."""
+    text = _text(value, "messages")
+    if len(text.encode()) > profile.server.max_prompt_bytes:
+        raise InvalidInput(f"messages: the conversation is larger than {profile.server.max_prompt_bytes} bytes")
+    try:
+        messages = json.loads(text)
+    except ValueError as err:
+        raise InvalidInput(f"messages: not JSON ({err})") from None
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInput("messages: a non-empty JSON list of {role, content} objects is required")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            raise InvalidInput(f"messages: message {i} must be an object with exactly role and content")
+        if message["role"] not in ROLES:
+            roles = ", ".join(ROLES)
+            raise InvalidInput(f"messages: message {i}'s role must be one of {roles}, got {message['role']!r}")
+        if not isinstance(message["content"], str):
+            raise InvalidInput(f"messages: message {i}'s content must be text")
+    if not any(m["content"].strip() for m in messages):
+        raise InvalidInput("messages: every message is empty")
+    return messages
 
 
 def parse_preprocess(inputs: dict, profile: Profile) -> PreprocessRequest:
-    if "text_input" not in inputs:
-        raise InvalidInput("text_input: required")
-    text = _text(input_scalar(inputs, "text_input"), "text_input")
-    if not text.strip():
-        raise InvalidInput("text_input: the prompt is empty")
-    if len(text.encode()) > profile.server.max_prompt_bytes:
-        raise InvalidInput(f"text_input: the prompt is larger than {profile.server.max_prompt_bytes} bytes")
+    if ("text_input" in inputs) == ("messages" in inputs):
+        raise InvalidInput("text_input: required (or messages, a conversation), not both")
+    if not bool(input_scalar(inputs, "exclude_input_in_output", True)):
+        raise InvalidInput("exclude_input_in_output: only true is served (text_output is the generated text)")
+    messages, text = None, ""
+    if "messages" in inputs:
+        messages = parse_messages(input_scalar(inputs, "messages"), profile)
+    else:
+        text = _text(input_scalar(inputs, "text_input"), "text_input")
+        if not text.strip():
+            raise InvalidInput("text_input: the prompt is empty")
+        if len(text.encode()) > profile.server.max_prompt_bytes:
+            raise InvalidInput(f"text_input: the prompt is larger than {profile.server.max_prompt_bytes} bytes")
     max_tokens = _int(inputs, "max_tokens")
     if max_tokens is None:
         raise InvalidInput("max_tokens: required")
@@ -159,6 +200,7 @@ def parse_preprocess(inputs: dict, profile: Profile) -> PreprocessRequest:
         stop_words=stop_words,
         end_id=_int(inputs, "end_id"),
         apply_chat_template=profile.chat_template if apply is None else bool(apply),
+        messages=messages,
     )
 
 
@@ -168,9 +210,10 @@ def _check_max_tokens(max_tokens: int, profile: Profile) -> None:
         raise InvalidInput(f"max_tokens: must be between 1 and {limit}, got {max_tokens}")
 
 
-def check_context(prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
+def check_context(prompt_tokens: int, max_tokens: int, max_seq_len: int, prompt_field: str = "text_input") -> None:
+    """The prompt (`prompt_field`: the input it came in) and max_tokens fit the context."""
     if prompt_tokens >= max_seq_len:
-        raise InvalidInput(f"text_input: the prompt is {prompt_tokens} tokens, the context holds {max_seq_len}")
+        raise InvalidInput(f"{prompt_field}: the prompt is {prompt_tokens} tokens, the context holds {max_seq_len}")
     if prompt_tokens + max_tokens > max_seq_len:
         raise InvalidInput(
             f"max_tokens: {prompt_tokens} prompt tokens + {max_tokens} new exceed the context of {max_seq_len} "
@@ -230,6 +273,9 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
     end_id = _end_id(inputs)
     params = _sampling(inputs, _ENSEMBLE_SAMPLING)
     _check_sampled(params, profile)
+    min_tokens = _int(inputs, "min_tokens", 0)
+    if not 0 <= min_tokens <= max_tokens:
+        raise InvalidInput(f"min_length: must be between 0 and max_tokens ({max_tokens}), got {min_tokens}")
     return SpecDecodeRequest(
         spec=RequestSpec(
             prompt_ids=ids.astype(np.int64).tolist(),
@@ -237,6 +283,7 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
             num_draft_tokens=k,
             end_id=end_id,
             stop_words=tuple(tuple(w) for w in stop_words if w),
+            min_tokens=min_tokens,
         ),
         sampling=params,
         proposer=proposer,
@@ -303,6 +350,7 @@ def parse_engine_request(inputs: dict, request_id: str) -> GenerationRequest | N
         draft_logits=None if draft_logits is None else draft_logits.astype(np.float32, copy=False),
         sampling=_sampling(inputs, _ENGINE_SAMPLING),
         end_id=_end_id(inputs),
+        min_tokens=max(0, _int(inputs, "min_tokens", 0)),
         sequence_key=_text(input_scalar(inputs, SEQUENCE_KEY_INPUT, request_id), SEQUENCE_KEY_INPUT),
         return_logits=bool(input_scalar(inputs, "return_generation_logits", False)),
         return_guess=bool(input_scalar(inputs, GUESS_INPUT, False)),
@@ -417,7 +465,7 @@ DETOKENIZE_CONTEXT = 8  # already-sent tokens repeated so a split UTF-8 characte
 
 
 def spec_decode_outputs(
-    sent: list[int], new: list[int], final: bool, stats: AcceptanceStats, sequence_id: int
+    sent: list[int], new: list[int], final: bool, stats: AcceptanceStats, sequence_id: int, num_input_tokens: int
 ) -> dict[str, np.ndarray]:
     """One spec_decode response: a window of recent tokens for postprocessing, the request's
     acceptance so far, and the id postprocessing quotes to relay a cancellation."""
@@ -431,5 +479,6 @@ def spec_decode_outputs(
         "total_accepted_draft_tokens": np.array([[stats.accepted_tokens]], dtype=np.int32),
         "total_draft_rounds": np.array([[stats.drafts]], dtype=np.int32),
         "num_output_tokens": np.array([[len(sent) + len(new)]], dtype=np.int32),
+        "num_input_tokens": np.array([[num_input_tokens]], dtype=np.int32),
         "acceptance_rate": np.array([[stats.acceptance_rate]], dtype=np.float32),
     }

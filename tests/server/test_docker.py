@@ -35,6 +35,7 @@ def test_entrypoint_runs_the_cpu_profile_end_to_end(embedded_profile, tmp_path):
         "SPECDEC_HTTP_PORT": str(ports.http),
         "SPECDEC_GRPC_PORT": str(ports.grpc),
         "SPECDEC_METRICS_PORT": str(ports.metrics),
+        "SPECDEC_OPENAI_PORT": str(ports.openai),
     }
     env.pop("SPECDEC_PROFILE", None)  # the default: the embedded CPU profile
     log = open(tmp_path / "entrypoint.log", "wb")  # noqa: SIM115 - closed below
@@ -56,6 +57,8 @@ def test_entrypoint_runs_the_cpu_profile_end_to_end(embedded_profile, tmp_path):
         with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=120) as response:
             answer = json.loads(response.read())
         assert answer["text_output"].strip() and answer["num_output_tokens"] == 8
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.openai}/v1/models", timeout=30) as response:
+            assert response.status == 200  # the OpenAI-compatible API beside it
         assert "built model repository" in (tmp_path / "entrypoint.log").read_text()  # its build step ran
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -323,8 +323,8 @@ def test_spec_decode_answers_with_the_outputs_asked_for(server, asked):
 
     async def main():
         async with TritonClient(server.grpc_url) as client:
-            inputs = client._inputs({"input_ids": [1, 2, 3], "max_tokens": 3}, SPEC_DECODE_INPUTS)
-            return [r async for r in client._stream("spec_decode", inputs, asked)]
+            inputs = client.inputs({"input_ids": [1, 2, 3], "max_tokens": 3}, SPEC_DECODE_INPUTS)
+            return [r async for r in client.stream("spec_decode", inputs, asked)]
 
     results = asyncio.run(main())
     assert results

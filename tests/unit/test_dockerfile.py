@@ -75,7 +75,7 @@ def test_entrypoint_profile_and_healthcheck_exist():
     (health,) = _all("HEALTHCHECK")
     command = json.loads(health.split("CMD", 1)[1])
     assert command[0] == "python3" and "/v2/health/ready" in _in_repo(command[1]).read_text()
-    assert set(_all("EXPOSE")[0].split()) == {"8000", "8001", "8002"}
+    assert set(_all("EXPOSE")[0].split()) == {"8000", "8001", "8002", "9000"}
 
 
 def test_serving_a_tensorrtllm_profile_needs_the_container():
@@ -95,6 +95,6 @@ def test_readme_docker_run_lines_match_the_image():
     for run in runs:
         assert "--gpus all" in run and "--shm-size=" in run
         assert re.search(r"-v \S+:/models:ro", run) and re.search(r"-v \S+:/engines", run)
-        assert all(f"-p 127.0.0.1:{port}:{port}" in run for port in (8000, 8001, 8002))
+        assert all(f"-p 127.0.0.1:{port}:{port}" in run for port in (8000, 8001, 8002, 9000))
         for profile in re.findall(r"SPECDEC_PROFILE=(\S+)", run):
             assert load_profile(_in_repo(profile)).backend == "tensorrtllm"

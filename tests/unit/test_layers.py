@@ -13,7 +13,16 @@ import specdec
 
 PACKAGE = Path(specdec.__file__).parent
 LEAF = ("config", "contract", "tokenizer", "texts", "progress")
-LAYERS = {**dict.fromkeys(LEAF, 0), "engine": 1, "speculation": 2, "build": 3, "triton": 4, "client": 5, "cli": 6}
+LAYERS = {
+    **dict.fromkeys(LEAF, 0),
+    "engine": 1,
+    "speculation": 2,
+    "build": 3,
+    "triton": 4,
+    "client": 5,
+    "openai": 6,
+    "cli": 7,
+}
 
 
 def layer(module: str) -> int:

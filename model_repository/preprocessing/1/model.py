@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from jinja2 import TemplateError
 
 from specdec.config import load_profile
 from specdec.contract import stop_words_to_list
@@ -30,11 +31,15 @@ class TritonPythonModel:
     def _one(self, request):
         try:
             req = parse_preprocess(request_inputs(request), self.profile)
-            ids = self.tokenizer.prompt_ids(req.text, req.apply_chat_template)
-            check_context(len(ids), req.max_tokens, self.profile.engine.max_seq_len)
-        except InvalidInput as err:
+            if req.messages is not None:
+                ids = self.tokenizer.conversation_ids(req.messages)
+            else:
+                ids = self.tokenizer.prompt_ids(req.text, req.apply_chat_template)
+            check_context(len(ids), req.max_tokens, self.profile.engine.max_seq_len, req.prompt_field)
+        except (InvalidInput, ValueError, TemplateError) as err:  # the template's: a conversation it refuses
+            message = str(err) if isinstance(err, ValueError) else f"messages: the chat template refuses them: {err}"
             self.refusals.increment(1)
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG))
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
         end_id = req.end_id if req.end_id is not None else self.tokenizer.eos_id
         stop_words = stop_words_to_list([self.tokenizer.encode(w) for w in req.stop_words])
         return pb_utils.InferenceResponse(

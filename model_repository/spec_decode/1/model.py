@@ -289,7 +289,9 @@ class TritonPythonModel:
                     )
                 pending += chunk.tokens
                 if req.stream or chunk.final:
-                    outputs = spec_decode_outputs(sent, pending, chunk.final, chunk.gen.stats, sequence_id)
+                    outputs = spec_decode_outputs(
+                        sent, pending, chunk.final, chunk.gen.stats, sequence_id, len(req.spec.prompt_ids)
+                    )
                     responses.round(outputs, final=chunk.final)
                     sent += pending
                     pending = []

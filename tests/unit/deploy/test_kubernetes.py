@@ -293,7 +293,7 @@ def test_the_service_exposes_the_profiles_ports(overlay):
     server = server_container(the(objects, "Deployment"))
     ports = {p["name"]: p["containerPort"] for p in server["ports"]}
     assert ports == {"http": profile.server.http_port, "grpc": profile.server.grpc_port,
-                     "metrics": profile.server.metrics_port}  # fmt: skip
+                     "metrics": profile.server.metrics_port, "openai": profile.server.openai_port}  # fmt: skip
     assert env(server)["SPECDEC_HOST"] == "0.0.0.0"  # reachable on the pod's address
     service = the(objects, "Service")
     assert service["spec"]["type"] == "ClusterIP"

@@ -544,3 +544,30 @@ def test_what_rounds_take_beyond_their_forwards_reaches_the_controller(tiny_targ
     assert service.controller.overhead_s == 0.0
     run_all(service, [request(PROMPTS[4], max_tokens=8)])
     assert service.controller.overhead_s > 0  # so the rounds' whole time is overhead
+
+
+def _end_ids(engines, prompt):
+    """An end id the target writes early after `prompt` (its greedy tokens, from the third on)."""
+    return reference_greedy(engines["target"], prompt, 8)[2]
+
+
+def test_min_length_keeps_the_end_token_out_and_speculation_exact(service):
+    """With min_tokens the end token is out of the first min_tokens positions (its logit -inf
+    there), in every proposer's rounds alike: the tokens equal plain decoding's under the same
+    rule, and the request ends at the end token only after them."""
+    svc, engines = service
+    prompt = PROMPTS[0]
+    end_id = _end_ids(engines, prompt)
+    plain = run_all(svc, [request(prompt, 16, k=0, proposer="none", end_id=end_id)])[0]
+    assert len(plain) == 2  # without min_length the request ends at its third token
+
+    def with_min(k, proposer, min_tokens):
+        spec = RequestSpec(list(prompt), 16, k, end_id=end_id, min_tokens=min_tokens)
+        return run_all(svc, [SpecDecodeRequest(spec, SamplingParams(), proposer, stream=True, seeded=True)])[0]
+
+    held = with_min(0, "none", 6)
+    assert len(held) >= 6 and end_id not in held[:6]
+    for proposer, k in itertools.product(["ngram", "draft_model"], [1, 4]):
+        assert with_min(k, proposer, 6) == held, (proposer, k)
+    (alone,) = engines["target"].generate([GenerationRequest(np.array(prompt), 6, end_id=end_id, min_tokens=6)])
+    assert alone.tokens.tolist() == held[:6]
