@@ -114,22 +114,25 @@ def _finished_requests(metrics: str) -> float:
 
 @pytest.fixture(scope="module")
 def traffic(server, prometheus, tmp_path_factory):
-    """A short bench (prompt lookup and the baseline), then Prometheus holding what it left: every
-    series it makes, and the rules evaluated on them."""
-    argv = ["bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
-            "--server-pid", str(server.process.pid), "--arms", "baseline,ngram:4", "--concurrency", "2",
-            "--num-requests", "4", "--warmup", "0", "--max-tokens", "16", "--workload", "grounded",
-            "--no-plots", "--output-dir", str(tmp_path_factory.mktemp("bench"))]  # fmt: skip
-    assert main(argv) == 0
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        finished = _finished_requests(response.read().decode())
+    """Two short benches (prompt lookup and the baseline), each waited on until Prometheus has
+    scraped what it finished: a rate needs two samples of a series with an increase between them,
+    and a series is born with its first request, so one bench can leave every series with a single
+    value (scrapes that time out while the bench holds both cores see nothing in between)."""
+    for _ in range(2):
+        argv = ["bench", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
+                "--server-pid", str(server.process.pid), "--arms", "baseline,ngram:4", "--concurrency", "2",
+                "--num-requests", "4", "--warmup", "0", "--max-tokens", "16", "--workload", "grounded",
+                "--no-plots", "--output-dir", str(tmp_path_factory.mktemp("bench"))]  # fmt: skip
+        assert main(argv) == 0
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+            finished = _finished_requests(response.read().decode())
 
-    def scraped() -> bool:
-        result = prometheus.query(f'sum(specdec_requests_total{{job="{JOB}"}})')
-        return bool(result) and float(result[0]["value"][1]) >= finished
+        def scraped(finished: float = finished) -> bool:
+            result = prometheus.query(f'sum(specdec_requests_total{{job="{JOB}"}})')
+            return bool(result) and float(result[0]["value"][1]) >= finished
 
-    assert wait_for(scraped, timeout=30, interval=0.5), "Prometheus did not scrape the bench's requests"
-    time.sleep(3)  # a few more scrapes and rule evaluations after the last request
+        assert wait_for(scraped, timeout=30, interval=0.5), "Prometheus did not scrape the bench's requests"
+    time.sleep(3)  # a few more rule evaluations after the last scrape
 
 
 def _answers(result: list[dict]) -> bool:
