@@ -41,6 +41,9 @@ ENV SPECDEC_PROFILE=/opt/specdec/configs/llama3.1-8b-draft-target.yaml \
     SPECDEC_TRTLLM_EXAMPLES=/opt/tensorrt_llm/examples \
     SPECDEC_HOST=0.0.0.0
 
+# What clients need: the edge's HTTP and gRPC (8000, 8001: the ensemble only, bodies bounded;
+# specdec/triton/edge.py), metrics (8002) and the OpenAI API (9000). tritonserver's own endpoints
+# listen on the container's loopback only, behind the edge.
 EXPOSE 8000 8001 8002 9000
 # Building engines on first start takes a while: the long start period keeps it "starting".
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60m --retries=3 \

@@ -172,7 +172,7 @@ def main() -> int:
         draft_dir = profile.model_dir("draft") if profile.draft else None
         with progress_bar() as progress:
             task = progress.add_task("peer comparison", total=len(ids) * (6 if draft_dir else 4))
-            runs = compare(server.grpc_url, ids, peer_tokens, tokenizer.eos_id, profile.model_dir("target"),
+            runs = compare(server.internal, ids, peer_tokens, tokenizer.eos_id, profile.model_dir("target"),
                            draft_dir, k, on_done=lambda _: progress.advance(task))  # fmt: skip
     table = summary_markdown(runs)
     (out / "peer.md").write_text(

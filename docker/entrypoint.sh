@@ -7,7 +7,8 @@
 # Without Docker it runs the same way: with no /opt/tritonserver, `specdec serve` uses the
 # tritonserver of the nvidia-pytriton wheel (CPU), so the embedded profile works end to end.
 # SPECDEC_HOST, SPECDEC_HTTP_PORT, SPECDEC_GRPC_PORT, SPECDEC_METRICS_PORT, SPECDEC_OPENAI_PORT
-# (0: no OpenAI-compatible API) override the profile's server section; SPECDEC_PYTHON is the interpreter that has the specdec package (python3).
+# (0: no OpenAI-compatible API) override the profile's server section (HTTP and gRPC are the
+# edge's, which serves clients the ensemble only: tritonserver itself listens on 127.0.0.1); SPECDEC_PYTHON is the interpreter that has the specdec package (python3).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -17,6 +17,34 @@ def _add_profile(p: argparse.ArgumentParser) -> None:
 
 def _add_url(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="gRPC address of a running server (host:port); default: start the profile's server")
+    _add_access(p)
+
+
+def _add_access(p: argparse.ArgumentParser) -> None:
+    """How a client reaches a --url server with gRPC TLS or restricted APIs (the profile's own
+    server is reached as its server.tls and server.restricted_apis say)."""
+    p.add_argument("--ssl-root-cert", metavar="PEM", help="with --url: gRPC over TLS, trusting this certificate")
+    p.add_argument("--ssl-cert", metavar="PEM", help="with --url, mutual TLS: this client's certificate")
+    p.add_argument("--ssl-key", metavar="PEM", help="with --url, mutual TLS: its private key")
+    p.add_argument("--header", action="append", metavar="NAME=VALUE", help="with --url: send this header with "
+                   "every request (repeatable); a restricted gRPC API's is triton-grpc-protocol-<key>")  # fmt: skip
+
+
+def _access(args: argparse.Namespace, profile, protocol: str = "grpc"):
+    """The client's Access: from --ssl-* and --header for a --url server, else the profile's own."""
+    from specdec.client.client import Access
+
+    if not args.url:
+        from specdec.triton.server_flags import client_headers, client_tls
+
+        return Access(**client_tls(profile.server), headers=tuple(client_headers(profile.server, protocol).items()))
+    headers = []
+    for header in args.header or []:
+        name, sep, value = header.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(f"--header {name!r}: give NAME=VALUE")
+        headers.append((name.strip().lower(), value))  # gRPC metadata names are lower case
+    return Access(bool(args.ssl_root_cert), args.ssl_root_cert, args.ssl_cert, args.ssl_key, headers=tuple(headers))
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -111,6 +139,59 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replicas(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from rich.markup import escape
+
+    from specdec.triton.replicas import BalancerPorts, Cluster
+    from specdec.triton.serve import ServerError
+
+    profile = load_profile(args.profile)
+    ports = BalancerPorts.of(profile)
+    ports = BalancerPorts(args.http_port or ports.http, args.grpc_port or ports.grpc, args.openai_port or ports.openai,
+                          args.stats_port or ports.stats)  # fmt: skip
+    host = args.host or profile.server.host
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]warning:[/] the balancer listens on {host}: reachable from other machines")
+    cluster = Cluster(profile, args.replicas, host, ports)
+
+    def stop(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        if not args.no_build:
+            cluster.build()
+        with console.status(f"starting {args.replicas} replicas and haproxy (models load and warm up)..."):
+            cluster.start()
+            info = cluster.wait_ready()
+        console.print(f"[green]ready[/]: {args.replicas} replicas behind haproxy {info.haproxy_version}\n"
+                      f"  gRPC {info.grpc_url}  HTTP {info.http_url}  OpenAI {info.openai_url}  "
+                      f"stats {info.stats_url} (Prometheus: {info.stats_url}metrics)")  # fmt: skip
+        for r in info.replicas:
+            console.print(f"  {r.name}: gRPC {r.grpc_url}  metrics {r.metrics_url}  log {Path(r.build_dir) / 'logs'}")
+        if args.failover_demo:
+            from specdec.client.failover import run_failover
+
+            output_dir = Path(args.output_dir or f"bench-out/failover-{time.strftime('%Y%m%d-%H%M%S')}")
+            return 0 if run_failover(info, profile, output_dir, requests=args.requests).passed else 1
+        console.print(f"{cluster.info_path} describes it   Ctrl-C stops")
+        return cluster.watch(console.print)
+    except KeyboardInterrupt:
+        pass
+    except ServerError as err:
+        console.print("[red]error:[/]", escape(str(err)))
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C would leave processes behind
+        with console.status("stopping: the replicas drain (up to 15 s), then haproxy..."):
+            cluster.stop()
+        console.print("stopped")
+    return 0
+
+
 def _params(args: argparse.Namespace):
     from specdec.client.client import RequestParams
 
@@ -128,6 +209,9 @@ def _params(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import grpc
+    from tritonclient.utils import InferenceServerException
+
     from specdec.client.client import TritonClient
     from specdec.triton.serve import embedded_server
 
@@ -137,13 +221,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
 
     async def main(url: str):
-        async with TritonClient(url) as client:
+        async with TritonClient(url, _access(args, profile)) as client:
             return await client.generate(
                 args.prompt, _params(args), stream=args.stream, on_chunk=show if args.stream else None
             )
 
     with embedded_server(profile, args.url) as (grpc_url, _, _):
-        record = asyncio.run(main(grpc_url))
+        try:
+            record = asyncio.run(main(grpc_url))
+        except (grpc.RpcError, InferenceServerException) as err:  # unreachable, or refused (TLS, an API key)
+            details = err.details() if isinstance(err, grpc.RpcError) else err.message()
+            console.print(f"[red]error:[/] {details}")
+            return 1
     if record.error:
         console.print(f"[red]error:[/] {record.error}")
         return 1
@@ -163,7 +252,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from specdec.client.demo import run_demo
 
-    return run_demo(load_profile(args.profile), url=args.url, max_tokens=args.max_tokens)
+    profile = load_profile(args.profile)
+    return run_demo(profile, url=args.url, max_tokens=args.max_tokens, access=_access(args, profile))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -183,9 +273,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             arms = [a for a in arms if a.proposer in TOKEN_EXACT_WHEN_SAMPLED]
         if error := sampled_check_error(arms):
             raise SystemExit(f"specdec check: {error}")
-    return commands.check(
-        profile, args.url, arms, args.workload, args.num_prompts, args.max_tokens, args.concurrency, sampled
-    )
+    return commands.check(profile, args.url, arms, args.workload, args.num_prompts, args.max_tokens, args.concurrency,
+                          sampled, _access(args, profile))  # fmt: skip
 
 
 def bench_config(args: argparse.Namespace, profile):
@@ -239,7 +328,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] {err}")
         return 2
     output_dir = Path(args.output_dir or f"bench-out/{time.strftime('%Y%m%d-%H%M%S')}")
-    return commands.bench(profile, args.url, config, output_dir, args.metrics_url, args.server_pid, not args.no_plots)
+    access = _access(args, profile, "http" if args.transport == "http" else "grpc")
+    return commands.bench(profile, args.url, config, output_dir, args.metrics_url, args.server_pid, not args.no_plots,
+                          access)  # fmt: skip
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -289,6 +380,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="server log to this terminal")
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("replicas", help="replicas of the profile behind haproxy on this machine: routing, "
+                       "readiness checks, failover (Ctrl-C stops them all)")  # fmt: skip
+    _add_profile(p)
+    p.add_argument("--replicas", type=int, default=2, help="how many (default 2)")
+    p.add_argument("--host", help="the balancer's address (default the profile's, 127.0.0.1); replicas: 127.0.0.1")
+    p.add_argument("--http-port", type=int, help="the balancer's Triton HTTP port (default the profile's)")
+    p.add_argument("--grpc-port", type=int, help="its Triton gRPC port (default the profile's)")
+    p.add_argument("--openai-port", type=int, help="its OpenAI-compatible API port (default the profile's, or 9000)")
+    p.add_argument("--stats-port", type=int, help="haproxy's stats page and Prometheus /metrics (default 8404)")
+    p.add_argument("--no-build", action="store_true", help="serve what was built, do not check the build")
+    p.add_argument("--failover-demo", action="store_true",
+                   help="once ready, run a bench through the balancer, kill one replica's tritonserver in the "
+                   "middle of it, report what clients saw, and stop")  # fmt: skip
+    p.add_argument("--requests", type=int, default=40, help="--failover-demo's bench requests (default 40)")
+    p.add_argument("--output-dir", help="--failover-demo's reports (default bench-out/failover-<date-time>)")
+    p.set_defaults(func=cmd_replicas)
+
     p = sub.add_parser("generate", help="generate from a prompt")
     p.add_argument("prompt")
     _add_profile(p)
@@ -325,6 +433,7 @@ def parser() -> argparse.ArgumentParser:
     _add_profile(p)
     p.add_argument("--url", help="address of a running server for --transport (gRPC host:8001, HTTP host:8000, "
                    "OpenAI host:9000); default: start the profile's server for the run")  # fmt: skip
+    _add_access(p)
     p.add_argument(
         "--metrics-url", help="its Prometheus endpoint (default: the --url host, the profile's metrics port)"
     )

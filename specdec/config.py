@@ -281,6 +281,124 @@ class Speculation(_Strict):
         return self
 
 
+# --- tritonserver's security options (the facts: specdec/build/triton_flags.py; the flags they
+# become: specdec/triton/server_flags.py) --------------------------------------------------------------
+# tritonserver 2.51's restricted-API categories (src/restricted_features.h 52-57, v2.51.0; a unit
+# test compares them with specdec/build/triton_flags.py's record)
+RestrictedCategory = Literal[
+    "health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics", "trace",
+    "logging",
+]  # fmt: skip
+# categories a profile may not restrict, and why (probes: docker/healthcheck.py, Kubernetes, balancers)
+UNRESTRICTED = {"health": "health stays open: `specdec serve` waits on /v2/health/ready and probes ask it without "
+                "a key (it tells only whether the server is live and ready)"}  # fmt: skip
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why `value` cannot be a restricted API's header value, or None. gRPC metadata and HTTP
+    header values are printable ASCII; HTTP drops spaces at either end, so a value with them
+    would never match; tritonserver refuses an empty one."""
+    if not value:
+        return "is empty"
+    if any(not (" " <= c <= "~") for c in value):
+        return "must be printable ASCII (a header value)"
+    if value != value.strip():
+        return "must not begin or end with a space"
+    return None
+
+
+TLS_FILES = ("cert", "key", "ca_cert", "client_ca_cert", "client_cert", "client_key")  # TlsOptions' paths
+
+
+class TlsOptions(_Strict):
+    """TLS on tritonserver's gRPC endpoint. Paths may be relative to the profile's folder; each
+    must exist when the server starts (tritonserver reads a missing file as empty, without error)."""
+
+    cert: str = Field(description="the server's certificate, PEM (its chain after it): --grpc-server-cert")
+    key: str = Field(description="its private key, PEM: --grpc-server-key")
+    ca_cert: str | None = Field(
+        None,
+        description="the CA the bundle's own gRPC clients (the OpenAI frontend; `specdec` commands that start "
+        "the profile's server) trust for the server; default: cert itself (a self-signed certificate)",
+    )
+    server_name: str | None = Field(
+        None,
+        description="the name in cert the bundle's own clients check it against, where cert does not name the "
+        "address they connect to (127.0.0.1, or server.host)",
+    )
+    client_ca_cert: str | None = Field(
+        None,
+        description="mutual TLS: every client must present a certificate this CA signed "
+        "(--grpc-use-ssl-mutual=true --grpc-root-cert)",
+    )
+    client_cert: str | None = Field(None, description="mutual TLS: the certificate the bundle's own clients present")
+    client_key: str | None = Field(None, description="mutual TLS: its private key")
+    https: bool = Field(False, description="TLS on the HTTP endpoint: tritonserver 2.51 has none (refused)")
+
+    def files(self) -> dict[str, str]:
+        """{key: path} of the files given."""
+        return {key: path for key in TLS_FILES if (path := getattr(self, key)) is not None}
+
+    @field_validator("https")
+    @classmethod
+    def _no_https(cls, https: bool) -> bool:
+        if https:
+            raise ValueError(
+                "tritonserver 2.51's HTTP endpoint has no TLS (no such option; specdec/build/triton_flags.py "
+                "HTTP_TLS): put a TLS-terminating proxy in front of the HTTP port, or use gRPC"
+            )
+        return https
+
+    @model_validator(mode="after")
+    def _mutual_complete(self) -> TlsOptions:
+        own = (self.client_cert is not None, self.client_key is not None)
+        if self.client_ca_cert is not None and own != (True, True):
+            raise ValueError("client_ca_cert (mutual TLS) needs client_cert and client_key, for the bundle's own "
+                             "clients (the OpenAI frontend)")  # fmt: skip
+        if self.client_ca_cert is None and any(own):
+            raise ValueError("client_cert and client_key go with client_ca_cert (mutual TLS)")
+        return self
+
+
+class RestrictedApi(_Strict):
+    """A group of tritonserver APIs that answer only requests carrying a header with a value
+    (--http-restricted-api / --grpc-restricted-protocol). Over gRPC the header a client sends is
+    triton-grpc-protocol-<header>; over HTTP it is <header> itself."""
+
+    protocol: Literal["http", "grpc"]
+    apis: list[RestrictedCategory] = Field(min_length=1, description="the categories this group restricts")
+    header: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=128)] = Field(
+        description="the header's name: lower case (gRPC metadata keys are), letters, digits, - _ ."
+    )
+    value_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = Field(
+        None, description="the environment variable that holds the header's value when the server starts (a secret "
+        "does not belong in a profile)"
+    )  # fmt: skip
+    value: str | None = Field(None, description="the value itself (prefer value_env)")
+
+    @model_validator(mode="after")
+    def _valid(self) -> RestrictedApi:
+        if (self.value is None) == (self.value_env is None):
+            raise ValueError("give exactly one of value_env (an environment variable's name) or value")
+        if self.value is not None and (problem := header_value_problem(self.value)):
+            raise ValueError(f"value {problem}")
+        if twice := sorted({a for a in self.apis if self.apis.count(a) > 1}):
+            raise ValueError(f"apis names {twice} twice")
+        for api, reason in UNRESTRICTED.items():
+            if api in self.apis:
+                raise ValueError(f"apis: {reason}")
+        return self
+
+
+class ExtraFlag(_Strict):
+    """Another tritonserver option, checked when the server starts against tritonserver 2.51's
+    options and the bundle's own (specdec/triton/server_flags.py). It becomes one argument,
+    --<flag>=<value> (or --<flag> for an option without a value), never a shell string."""
+
+    flag: Annotated[str, Field(pattern=r"^--[a-z][a-z0-9-]*$")] = Field(description="e.g. --grpc-keepalive-time")
+    value: bool | int | float | str | None = Field(None, description='as the option takes it: true, 7200000, "text"')
+
+
 class ServerOptions(_Strict):
     host: str = "127.0.0.1"
     http_port: Annotated[int, Field(ge=1, le=65535)] = 8000
@@ -301,6 +419,12 @@ class ServerOptions(_Strict):
     max_tokens_limit: Annotated[int, Field(ge=1)] = 4096
     max_stop_words: Annotated[int, Field(ge=0)] = 16
     max_stop_word_bytes: Annotated[int, Field(ge=1)] = 256
+    max_body_bytes: Annotated[int, Field(ge=1024)] | None = Field(
+        None,
+        description="the largest request body (HTTP) or message (gRPC) the server's edge reads, and the OpenAI "
+        "frontend's; larger ones are refused before they are read. Default (body_limit): room for the largest "
+        "prompt and stop words at the worst JSON escaping, plus 64 KiB",
+    )
     max_restarts: Annotated[int, Field(ge=0)] = Field(
         3,
         description="`specdec serve` starts tritonserver again when it dies, up to this many times within "
@@ -312,6 +436,42 @@ class ServerOptions(_Strict):
         description="how long `specdec serve` waits for tritonserver to become ready (models loaded) before it "
         "gives up: a first engine load, or an LLM-API model's first start, can take many minutes",
     )
+    tls: TlsOptions | None = Field(None, description="TLS on tritonserver's gRPC endpoint")
+    restricted_apis: list[RestrictedApi] = Field(
+        [], description="tritonserver APIs that answer only requests with a header key (docs/operations.md)"
+    )
+    extra_flags: list[ExtraFlag] = Field([], description="other tritonserver options, checked against an allow-list")
+
+    @model_validator(mode="after")
+    def _one_group_per_api(self) -> ServerOptions:
+        # tritonserver refuses a category in two groups of one protocol (command_line_parser.cc 2062-2067)
+        for protocol in ("http", "grpc"):
+            seen: dict[str, int] = {}
+            for i, group in enumerate(self.restricted_apis):
+                if group.protocol != protocol:
+                    continue
+                for api in group.apis:
+                    if api in seen:
+                        raise ValueError(f"restricted_apis.{i}: {protocol} api {api!r} is already in "
+                                         f"restricted_apis.{seen[api]} (an api may be in one group only)")  # fmt: skip
+                    seen[api] = i
+        return self
+
+    @model_validator(mode="after")
+    def _body_holds_a_prompt(self) -> ServerOptions:
+        if self.max_body_bytes is not None and self.max_body_bytes < self.max_prompt_bytes:
+            raise ValueError(f"max_body_bytes ({self.max_body_bytes}) is below max_prompt_bytes "
+                             f"({self.max_prompt_bytes}): a prompt the server takes would not fit")  # fmt: skip
+        return self
+
+    @property
+    def body_limit(self) -> int:
+        """max_body_bytes, or by default what never refuses a request the checks behind the edge
+        accept: JSON spends at most 6 bytes on a byte of text (a control character as \\u00XX), so
+        6x the largest prompt and stop words, plus 64 KiB for the other fields."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return 6 * (self.max_prompt_bytes + self.max_stop_words * self.max_stop_word_bytes) + 65536
 
     @field_validator("host")
     @classmethod
@@ -417,6 +577,10 @@ def resolve_relative_paths(data: dict, base: Path) -> dict:
         if ngram is not None and isinstance(ngram.get(key), str):
             ngram = {**ngram, key: str((base / ngram[key]).expanduser().resolve())}
             spec = data["speculation"] = {**spec, "ngram": ngram}
+    server = data.get("server") if isinstance(data.get("server"), dict) else {}
+    if isinstance(tls := server.get("tls"), dict):  # the TLS certificates and keys
+        paths = {k: str((base / v).expanduser().resolve()) for k in TLS_FILES if isinstance(v := tls.get(k), str)}
+        data["server"] = {**server, "tls": {**tls, **paths}}
     return data
 
 

@@ -79,7 +79,7 @@ def pytest_runtest_call(item):
             raise
         logs = "\n".join(f"{srv.profile.name}: {failure}; its log ends:\n{srv.log_tail(60)}" for srv, failure in dead)
         for srv, _ in dead:
-            srv.restart()
+            srv.restart(graceful=srv.can_finish_requests())
         raise AssertionError(f"{err}\n\nthe test server died during the test:\n{logs}") from err
 
 

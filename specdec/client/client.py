@@ -2,7 +2,8 @@
 
 - `TritonClient.generate`: text in, text out, through the `ensemble` (gRPC streaming, asyncio);
 - `TritonClient.generate_ids`: token ids in, token ids out, through `spec_decode` directly (what
-  the exactness checks compare);
+  the exactness checks compare): an internal model, so only for a client of tritonserver's own
+  endpoint with the key of its start (`internal_key`; specdec/triton/internal.py);
 - `http_generate`: the same ensemble over HTTP `generate` / `generate_stream` (SSE).
 Every call returns a Record with the arrival time of each chunk, for latency metrics.
 """
@@ -19,6 +20,7 @@ from functools import partial
 import numpy as np
 
 from specdec.contract import ENSEMBLE_INPUTS, SPEC_DECODE_INPUTS
+from specdec.triton.internal import KEY_PARAMETER
 
 TOTALS = ("total_draft_tokens", "total_accepted_draft_tokens", "total_draft_rounds", "num_output_tokens")
 
@@ -116,14 +118,55 @@ def _triton_dtype(arr: np.ndarray) -> str:
     return np_to_triton_dtype(arr.dtype)
 
 
+@dataclass(frozen=True)
+class Access:
+    """How a client reaches a server whose gRPC endpoint has TLS or whose APIs are restricted
+    (server.tls, server.restricted_apis; docs/operations.md). tls: gRPC over TLS, trusting
+    root_cert (PEM; None: the system's roots); cert and key: the client's own certificate, for
+    mutual TLS; server_name: the name the server's certificate is checked against (None: the
+    url's host); headers: sent with every request as named (a restricted gRPC API's header is
+    triton-grpc-protocol-<key>). The headers' values are secrets: repr leaves them out."""
+
+    tls: bool = False
+    root_cert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def channel_args(self) -> list[tuple[str, object]] | None:
+        """gRPC channel options: tritonclient's defaults (messages up to 2 GiB, its keepalive), and
+        the certificate's name; None: tritonclient's defaults alone."""
+        if self.server_name is None:
+            return None
+        from tritonclient.grpc import KeepAliveOptions
+
+        keepalive = KeepAliveOptions()
+        return [
+            ("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.ssl_target_name_override", self.server_name),
+        ]  # fmt: skip
+
+
 class TritonClient:
     """Async gRPC client (streaming API: the served models are decoupled)."""
 
-    def __init__(self, url: str = "127.0.0.1:8001"):
+    def __init__(self, url: str = "127.0.0.1:8001", access: Access = Access(), internal_key: str | None = None):
+        """internal_key: the key of the server's start, which its internal models (spec_decode,
+        the engines) take direct calls with; sent as a request parameter with every request."""
         import tritonclient.grpc.aio as grpcclient
 
         self._grpc = grpcclient
-        self.client = grpcclient.InferenceServerClient(url)
+        self.parameters = {KEY_PARAMETER: internal_key} if internal_key else None
+        self.headers = dict(access.headers) or None
+        self.client = grpcclient.InferenceServerClient(
+            url, ssl=access.tls, root_certificates=access.root_cert, private_key=access.key,
+            certificate_chain=access.cert, channel_args=access.channel_args(),
+        )  # fmt: skip
 
     async def close(self) -> None:
         await self.client.close()
@@ -157,13 +200,14 @@ class TritonClient:
                 "inputs": inputs,
                 "outputs": [self._grpc.InferRequestedOutput(o) for o in outputs],
                 "enable_empty_final_response": True,
+                "parameters": self.parameters,
             }
 
         # Read the stream to its end (the server closes it after the final response): a stream
         # dropped half-read is cancelled, and Triton 2.51 then never lets its model unload.
         failure = None
         received = 0
-        responses = self.client.stream_infer(requests())
+        responses = self.client.stream_infer(requests(), headers=self.headers)
         finished = False
         try:
             async for result, error in responses:
@@ -210,7 +254,8 @@ class TritonClient:
     async def generate_ids(
         self, input_ids: list[int], params: RequestParams, stream: bool = True, cancel_after: int | None = None
     ) -> Record:
-        """Token ids through spec_decode directly (no tokenizer in the way)."""
+        """Token ids through spec_decode directly (no tokenizer in the way): a client with the
+        server's internal_key, on tritonserver's own endpoint."""
         values = {"input_ids": list(input_ids), "stream": stream, **params.tensors()}
         for name in ("stop_words", "apply_chat_template"):
             values.pop(name, None)
@@ -229,8 +274,10 @@ class TritonClient:
         return record
 
 
-async def http_generate(url: str, prompt: str, params: RequestParams, stream: bool = False) -> Record:
-    """The ensemble over HTTP: POST .../generate (one JSON answer) or .../generate_stream (SSE)."""
+async def http_generate(url: str, prompt: str, params: RequestParams, stream: bool = False,
+                        access: Access = Access()) -> Record:  # fmt: skip
+    """The ensemble over HTTP: POST .../generate (one JSON answer) or .../generate_stream (SSE);
+    with access.headers (tritonserver's HTTP endpoint has no TLS)."""
     import aiohttp
 
     body = {"text_input": prompt, "stream": stream, **params.tensors()}
@@ -238,7 +285,7 @@ async def http_generate(url: str, prompt: str, params: RequestParams, stream: bo
     record = Record(start=time.perf_counter())
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"http://{url}/v2/models/ensemble/{endpoint}", json=body) as resp,
+        session.post(f"http://{url}/v2/models/ensemble/{endpoint}", json=body, headers=dict(access.headers)) as resp,
     ):
         if resp.status != 200:
             record.error = (await resp.text()).strip()

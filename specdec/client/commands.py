@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.table import Table
 
 from specdec.client.check import CheckArm, CheckReport, Sampled, run_check
-from specdec.client.client import TritonClient
+from specdec.client.client import Access, TritonClient
 from specdec.client.loadgen import BASELINE, Arm, BenchConfig, run_bench
 from specdec.client.machine import describe
 from specdec.client.report import sampling_line, terminal_table, write_report
@@ -20,6 +20,7 @@ from specdec.client.workloads import Prompt, WorkloadOptions, load_workload
 from specdec.config import Profile
 from specdec.progress import console, progress_bar
 from specdec.tokenizer import TextTokenizer
+from specdec.triton.internal import InternalAccess, access_path, read_access_file
 from specdec.triton.serve import embedded_server
 
 
@@ -28,6 +29,9 @@ class ServerHandle:
     url: str  # for the chosen transport
     metrics_url: str | None
     pid: int | None  # for memory; None when the server is not on this machine
+    # tritonserver's own endpoint and the key of its start, for calls to internal models (spec_decode):
+    # only a server on this machine, whose access file this user can read (specdec/triton/internal.py)
+    internal: InternalAccess | None = None
 
 
 @contextlib.contextmanager
@@ -38,7 +42,8 @@ def server_for(profile: Profile, url: str | None, transport: str = "grpc", metri
         host, _, port = url.rpartition(":")
         local = host in ("127.0.0.1", "localhost", "::1") and port.isdigit()
         pid = server_pid or (find_listening_pid(int(port)) if local else None)
-        yield ServerHandle(url, metrics_url or f"http://{host}:{profile.server.metrics_port}/metrics", pid)
+        internal = read_access_file(access_path(profile.build_path(), int(port))) if local else None
+        yield ServerHandle(url, metrics_url or f"http://{host}:{profile.server.metrics_port}/metrics", pid, internal)
         return
     with embedded_server(profile) as (grpc_url, http_url, server):
         urls = {"grpc": grpc_url, "http": http_url, "openai": f"{server.host}:{server.ports.openai}"}
@@ -46,6 +51,7 @@ def server_for(profile: Profile, url: str | None, transport: str = "grpc", metri
             urls[transport],
             server.metrics_url,
             server.process.pid if server.process else None,
+            server.internal,
         )
 
 
@@ -88,7 +94,8 @@ def _check_table(report: CheckReport, sampled: bool) -> Table:
 
 
 def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload: str, num_prompts: int,
-          max_tokens: int, concurrency: int, sampled: Sampled | None = None) -> int:  # fmt: skip
+          max_tokens: int, concurrency: int, sampled: Sampled | None = None,
+          access: Access | None = None) -> int:  # fmt: skip
     with server_for(profile, url) as server:
         tokenizer = tokenizer_for(profile)
         if tokenizer is None:
@@ -97,9 +104,15 @@ def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload:
             return 2
         prompts = load_workload(workload, WorkloadOptions(max_tokens=max_tokens), tokenizer)[:num_prompts]
         prompt_ids = [tokenizer.prompt_ids(p.text, p.apply_chat_template) for p in prompts]
+        if (internal := server.internal) is None:
+            keys = access_path(profile.build_path(), 0).parent
+            console.print(f"[red]error:[/] the check sends token ids to spec_decode, an internal model: run it on "
+                          f"the server's machine as the server's user, with the server's gRPC port in --url (it "
+                          f"reads the key of the server's start in {keys})")  # fmt: skip
+            return 2
 
         async def main() -> CheckReport:
-            async with TritonClient(server.url) as client:
+            async with TritonClient(internal.grpc_url, access or Access(), internal.key) as client:
                 with progress_bar(transient=True) as progress:
                     task = progress.add_task("check", total=len(prompts) * (len(arms) + 1))
                     return await run_check(client, prompt_ids, arms, max_tokens, tokenizer.eos_id, concurrency,
@@ -128,7 +141,7 @@ def check(profile: Profile, url: str | None, arms: Sequence[CheckArm], workload:
 
 # --- bench ----------------------------------------------------------------------------------------
 def bench(profile: Profile, url: str | None, config: BenchConfig, output_dir: Path, metrics_url: str | None = None,
-          server_pid: int | None = None, plots: bool = True) -> int:  # fmt: skip
+          server_pid: int | None = None, plots: bool = True, access: Access | None = None) -> int:  # fmt: skip
     """Run the bench and write its report, whatever failed along the way: 0 when some requests
     succeeded, 1 when none did."""
     with server_for(profile, url, config.transport, metrics_url, server_pid) as server:
@@ -138,7 +151,7 @@ def bench(profile: Profile, url: str | None, config: BenchConfig, output_dir: Pa
         }
         # input_sequence_length: the prompt text's tokens, as genai-perf counts them
         lengths = {w: [len(tokenizer.encode(p.text)) for p in ps] for w, ps in prompts.items()} if tokenizer else None
-        result = run_bench(config, prompts, server.url, server.metrics_url, server.pid, lengths)
+        result = run_bench(config, prompts, server.url, server.metrics_url, server.pid, lengths, access)
     paths = write_report(result, output_dir, describe(), plots=plots)
     console.print(terminal_table(result))
     measured = sum(len(level.requests) for level in result.levels)

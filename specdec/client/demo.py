@@ -7,7 +7,7 @@ import asyncio
 
 from rich.table import Table
 
-from specdec.client.client import Record, RequestParams, TritonClient
+from specdec.client.client import Access, Record, RequestParams, TritonClient
 from specdec.config import Profile
 from specdec.progress import console
 from specdec.triton.serve import embedded_server
@@ -26,9 +26,9 @@ def _print_chunk(text: str) -> None:
     console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
 
 
-async def _demo(grpc_url: str, profile: Profile, prompt: str, max_tokens: int) -> tuple[Record, Record]:
+async def _demo(grpc_url: str, profile: Profile, prompt: str, max_tokens: int, access: Access) -> tuple[Record, Record]:
     spec_cfg = profile.speculation
-    async with TritonClient(grpc_url) as client:
+    async with TritonClient(grpc_url, access) as client:
         warm = RequestParams(max_tokens=4)
         await client.generate("Hello", warm)
         await client.generate("Hello", RequestParams(max_tokens=4, num_draft_tokens=0))
@@ -66,9 +66,10 @@ def summary_table(spec: Record, base: Record) -> Table:
     return table
 
 
-def run_demo(profile: Profile, url: str | None = None, prompt: str = DEMO_PROMPT, max_tokens: int = 160) -> int:
+def run_demo(profile: Profile, url: str | None = None, prompt: str = DEMO_PROMPT, max_tokens: int = 160,
+             access: Access | None = None) -> int:  # fmt: skip
     with embedded_server(profile, url) as (grpc_url, _, _):
-        spec, base = asyncio.run(_demo(grpc_url, profile, prompt, max_tokens))
+        spec, base = asyncio.run(_demo(grpc_url, profile, prompt, max_tokens, access or Access()))
     for name, rec in (("speculative", spec), ("baseline", base)):
         if rec.error:
             console.print(f"[red]{name} request failed:[/] {rec.error}")

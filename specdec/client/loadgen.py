@@ -41,13 +41,14 @@ import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import aiohttp
 import grpc
 from tritonclient.utils import InferenceServerException
 
-from specdec.client.client import Record, RequestParams, TritonClient, http_generate, openai_generate
+from specdec.client.client import Access, Record, RequestParams, TritonClient, http_generate, openai_generate
 from specdec.client.metrics import SLO, ArmSummary, benchmark_duration, last_response, summarize
 from specdec.client.server_stats import (
     MemorySampler,
@@ -377,10 +378,12 @@ class GrpcSender:
     old client is closed when its last request in flight has ended (closing a channel cancels
     its calls)."""
 
-    def __init__(self, url: str, stream: bool, connect: Callable[[str], TritonClient] = TritonClient):
+    def __init__(self, url: str, stream: bool, connect: Callable[[str], TritonClient] = TritonClient,
+                 access: Access | None = None):  # fmt: skip
+        """access: TLS and headers for the default connect (a TritonClient)."""
         self.url = url
         self.stream = stream
-        self.connect = connect
+        self.connect = connect if access is None else partial(connect, access=access)
         self.client = connect(url)
         self.in_flight: Counter[TritonClient] = Counter()
 
@@ -415,9 +418,10 @@ class HttpSender:
 
     url: str
     stream: bool
+    access: Access = field(default_factory=Access)  # its headers (restricted HTTP APIs)
 
     async def __call__(self, prompt: Prompt, params: RequestParams) -> Record:
-        return await http_generate(self.url, prompt.text, params, stream=self.stream)
+        return await http_generate(self.url, prompt.text, params, stream=self.stream, access=self.access)
 
     async def close(self) -> None:
         pass
@@ -427,7 +431,8 @@ class OpenAISender:
     """Requests through the OpenAI-compatible API (`url`: its host:port), on one connection pool;
     the model is the one the server lists."""
 
-    def __init__(self, url: str, stream: bool):
+    def __init__(self, url: str, stream: bool, access: Access | None = None):
+        """access: unused (the OpenAI frontend holds Triton's TLS and keys itself)."""
         self.base_url = f"http://{url}/v1"
         self.stream = stream
         self.session: aiohttp.ClientSession | None = None
@@ -447,7 +452,8 @@ class OpenAISender:
             await self.session.close()
 
 
-SENDERS: dict[str, Callable[[str, bool], Sender]] = {"grpc": GrpcSender, "http": HttpSender, "openai": OpenAISender}
+# each called (url, stream, access=...)
+SENDERS: dict[str, Callable[..., Sender]] = {"grpc": GrpcSender, "http": HttpSender, "openai": OpenAISender}
 
 
 def failure_reason(err: BaseException) -> str:
@@ -511,9 +517,11 @@ class LoadGenerator:
         server_pid: int | None = None,
         input_lengths: dict[str, list[int]] | None = None,
         sender: Sender | None = None,
+        access: Access | None = None,
     ):
         """input_lengths: per workload, each prompt's tokens (input_sequence_length); sender: how
-        requests go out (default: the config's transport to `url`)."""
+        requests go out (default: the config's transport to `url`, with `access`: TLS, headers)."""
+        self.access = access or Access()
         self.config = config
         self.prompts = prompts
         self.url = url
@@ -528,7 +536,7 @@ class LoadGenerator:
     async def run(self) -> BenchResult:
         cfg = self.config
         if self.sender is None:
-            self.sender = SENDERS[cfg.transport](self.url, cfg.stream)
+            self.sender = SENDERS[cfg.transport](self.url, cfg.stream, access=self.access)
         levels = []
         try:
             with progress_bar() as progress:
@@ -677,5 +685,7 @@ def run_bench(
     metrics_url: str | None = None,
     server_pid: int | None = None,
     input_lengths: dict[str, list[int]] | None = None,
+    access: Access | None = None,
 ) -> BenchResult:
-    return asyncio.run(LoadGenerator(config, prompts, url, metrics_url, server_pid, input_lengths).run())
+    generator = LoadGenerator(config, prompts, url, metrics_url, server_pid, input_lengths, access=access)
+    return asyncio.run(generator.run())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specdec.client.client import RequestParams, TritonClient
 from specdec.client.loadgen import BASELINE, Arm
+from specdec.triton.internal import InternalAccess
 
 HF_GREEDY = "transformers greedy"
 
@@ -70,11 +71,11 @@ def served_name(arm: Arm) -> str:
     return f"served {arm.name}"
 
 
-async def _served(url: str, arm: Arm, ids: list[int], max_tokens: int, eos: int) -> PeerRun:
+async def _served(internal: InternalAccess, arm: Arm, ids: list[int], max_tokens: int, eos: int) -> PeerRun:
     # each arm its own cache salt: none reuses the prompt another arm just left cached
     params = RequestParams(max_tokens=max_tokens, num_draft_tokens=arm.num_draft_tokens,
                               draft_method=arm.draft_method, end_id=eos, cache_salt=served_name(arm))  # fmt: skip
-    async with TritonClient(url) as client:
+    async with TritonClient(internal.grpc_url, internal_key=internal.key) as client:
         record = await client.generate_ids(ids, params, stream=False)
     if record.error:
         raise RuntimeError(f"{served_name(arm)}: {record.error}")
@@ -82,9 +83,11 @@ async def _served(url: str, arm: Arm, ids: list[int], max_tokens: int, eos: int)
                    record.total_accepted_draft_tokens)  # fmt: skip
 
 
-def compare(url: str, prompt_ids: Sequence[list[int]], max_tokens: int, eos: int, target_dir: Path,
+def compare(internal: InternalAccess, prompt_ids: Sequence[list[int]], max_tokens: int, eos: int, target_dir: Path,
             draft_dir: Path | None, k: int, on_done: Callable[[str], None] | None = None) -> list[PeerRun]:  # fmt: skip
-    """Every method on every prompt, methods taking turns; warm-up runs first and are not kept."""
+    """Every method on every prompt, methods taking turns; warm-up runs first and are not kept. The
+    served arms send token ids to spec_decode on tritonserver's own endpoint, with the key of its
+    start (`internal`: TritonServer.internal)."""
     hf = hf_methods(target_dir, draft_dir, k)
     arms = served_arms(k, draft_dir is not None)
     names = list(hf) + [served_name(a) for a in arms]
@@ -95,7 +98,7 @@ def compare(url: str, prompt_ids: Sequence[list[int]], max_tokens: int, eos: int
             out = hf[name](ids, tokens, eos)
             return PeerRun(name, -1, out, time.perf_counter() - start)
         arm = next(a for a in arms if served_name(a) == name)
-        return asyncio.run(_served(url, arm, ids, tokens, eos))
+        return asyncio.run(_served(internal, arm, ids, tokens, eos))
 
     for name in names:  # warm-up: first calls pay for lazy initialisation
         one(name, prompt_ids[0], 8)

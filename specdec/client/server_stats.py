@@ -108,11 +108,15 @@ def gpu_memory_bytes(samples: Samples) -> float | None:
 
 # --- processes ------------------------------------------------------------------------------------
 def find_listening_pid(port: int) -> int | None:
-    """The local process listening on a TCP port (the server, when --url names this machine)."""
+    """The local process listening on a TCP port (the server, when --url names this machine);
+    where that is the server's edge (specdec/triton/edge.py), the tritonserver behind it."""
+    from specdec.triton.edge import upstream_port  # (aiohttp and grpc: only when asked)
+
     with contextlib.suppress(psutil.Error, PermissionError):
         for conn in psutil.net_connections(kind="tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-                return conn.pid
+                behind = upstream_port(psutil.Process(conn.pid).cmdline())
+                return conn.pid if behind is None else find_listening_pid(behind)
     return None
 
 
@@ -174,3 +178,56 @@ class MemorySampler:
             self.snapshots.append(await asyncio.to_thread(memory_snapshot, self.pid))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval)
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A process's resident memory in bytes, by what backs it (/proc/<pid>/status): anonymous
+    (its heap: where a leak shows), file-backed (code and mapped files: grows as pages are first
+    touched, up to the files' size) and shared memory (/dev/shm: the Python backend's regions, up
+    to their size)."""
+
+    anon: int
+    file: int
+    shmem: int
+
+    @property
+    def rss(self) -> int:
+        return self.anon + self.file + self.shmem
+
+
+def read_resident(pid: int) -> Resident | None:
+    """`pid`'s resident memory now; None once it is gone."""
+    fields = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("RssAnon", "RssFile", "RssShmem"):
+                fields[name] = int(value.split()[0]) * 1024  # kB
+    except OSError:
+        return None
+    return Resident(fields.get("RssAnon", 0), fields.get("RssFile", 0), fields.get("RssShmem", 0))
+
+
+def server_processes(roots: Mapping[str, int]) -> dict[str, list[int]]:
+    """The processes to watch, by name: each root under its own name, and each root's
+    descendants by process_name (a Python backend stub by its model; the instances of a model
+    under one name)."""
+    out: dict[str, list[int]] = {}
+    for name, pid in roots.items():
+        out.setdefault(name, []).append(pid)
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    out.setdefault(process_name(child.cmdline()), []).append(child.pid)
+    return out
+
+
+def resident_by_name(processes: Mapping[str, list[int]]) -> dict[str, Resident]:
+    """The resident memory of each name of server_processes() (its processes' sum): cheap enough
+    to read every few requests (one small /proc file a process)."""
+    out = {}
+    for name, pids in processes.items():
+        parts = [r for pid in pids if (r := read_resident(pid)) is not None]
+        out[name] = Resident(*(sum(getattr(r, f) for r in parts) for f in ("anon", "file", "shmem")))
+    return out

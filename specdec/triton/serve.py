@@ -1,5 +1,9 @@
 """The tritonserver process: which binary, its Python backend, its flags, start, ready, stop.
 
+Clients reach the server's edge (specdec/triton/edge.py) on the profile's HTTP and gRPC ports:
+tritonserver's own endpoints listen on 127.0.0.1, on ports drawn at each start, behind it. Each
+start also draws the key the internal models take direct calls with (specdec/triton/internal.py).
+
 On a GPU machine inside NVIDIA's Triton container the container's server is used. Elsewhere the
 `nvidia-pytriton` wheel provides a real Triton server binary (2.51), its Python backend and a
 backend stub per Python version; we assemble them into a backend folder of the build.
@@ -28,8 +32,11 @@ import psutil
 
 from specdec.config import Profile
 from specdec.speculation.admission import CANCEL, DRAIN, drain_path
+from specdec.triton.internal import KEY_ENV, InternalAccess, access_path, new_key, write_access_file
+from specdec.triton.server_flags import frontend_access, server_flags
 
 CONTAINER_SERVER = Path("/opt/tritonserver")
+LOOPBACK = "127.0.0.1"  # where tritonserver's own endpoints listen, behind the edge
 IN_FLIGHT = ("specdec_requests_running{", "specdec_requests_queued{")  # spec_decode's gauges
 
 
@@ -125,6 +132,8 @@ class TritonServer:
         self.standin = standin
         self.supervised = False  # `specdec serve`'s: its state is written for probes (write_state)
         self.frontend: subprocess.Popen | None = None
+        self.edge: subprocess.Popen | None = None  # the endpoints clients reach (specdec/triton/edge.py)
+        self.internal: InternalAccess | None = None  # tritonserver's own endpoints and this start's key
         self.host = host or profile.server.host
         s = profile.server
         self.ports = ports or Ports(s.http_port, s.grpc_port, s.metrics_port, s.openai_port)
@@ -152,14 +161,17 @@ class TritonServer:
         repo = self.profile.repository_dir()
         if not (repo / "ensemble" / "config.pbtxt").is_file():
             raise ServerError(f"no model repository at {repo}: run `specdec build` first")
+        if self.internal is None:
+            self.internal = self._draw_internal()
         return [
             str(install.binary),
             f"--model-repository={repo}",
             f"--backend-directory={install.backend_dir}",
-            f"--http-address={self.host}",
-            f"--http-port={self.ports.http}",
-            f"--grpc-address={self.host}",
-            f"--grpc-port={self.ports.grpc}",
+            # behind the edge, which listens on server.host's ports
+            f"--http-address={LOOPBACK}",
+            f"--http-port={self.internal.http_url.rsplit(':', 1)[1]}",
+            f"--grpc-address={LOOPBACK}",
+            f"--grpc-port={self.internal.grpc_url.rsplit(':', 1)[1]}",
             f"--metrics-address={self.host}",
             f"--metrics-port={self.ports.metrics}",
             "--allow-metrics=true",
@@ -171,6 +183,7 @@ class TritonServer:
             # generation logits of a k-token draft are k * V floats: room for them in shared memory
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,shm-growth-byte-size=16777216",
+            *server_flags(self.profile),  # server.tls, server.restricted_apis, server.extra_flags
         ]
 
     def launch(self, install: TritonInstall) -> tuple[list[str], dict[str, str]]:
@@ -195,6 +208,8 @@ class TritonServer:
         # numba keeps its compiled kernels where it chooses (beside the engine's source, or the
         # user's cache when that is read-only): one compile serves every profile, stub and test.
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if self.internal is not None:  # the models' key for this start (the stubs inherit it)
+            env[KEY_ENV] = self.internal.key
         return env
 
     def start(self, foreground_log: bool = False) -> TritonServer:
@@ -202,6 +217,8 @@ class TritonServer:
         drain_path(self.profile.build_path()).unlink(missing_ok=True)  # a crash may have left one
         self.foreground_log = foreground_log
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.internal = self._draw_internal()
+        write_access_file(access_path(self.profile.build_path(), self.ports.grpc), self.internal)
         argv, env = self.launch(install)
         out = None if foreground_log else open(self.log_file, "wb")  # noqa: SIM115 - closed in stop()
         self._log_handle = out
@@ -212,8 +229,30 @@ class TritonServer:
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,  # its own process group: stop() can reach the stubs too
         )
+        self.edge = self._start_edge(out)
         self.frontend = self._start_frontend(out)
         return self
+
+    def _draw_internal(self) -> InternalAccess:
+        """tritonserver's own endpoints (free ports of 127.0.0.1) and a key, fresh for a start."""
+        return InternalAccess(f"{LOOPBACK}:{free_port(LOOPBACK)}", f"{LOOPBACK}:{free_port(LOOPBACK)}", new_key())
+
+    def _start_edge(self, out) -> subprocess.Popen:
+        """The endpoints clients reach (specdec/triton/edge.py) on server.host's HTTP and gRPC
+        ports, in front of tritonserver's own; with server.tls, the same TLS on its gRPC endpoint,
+        and it reaches tritonserver's as the bundle's clients do. Its output goes to the server's log."""
+        assert self.internal is not None
+        s = self.profile.server
+        argv = [
+            sys.executable, "-m", "specdec.triton.edge", f"--http={self.http_url}", f"--grpc={self.grpc_url}",
+            f"--triton-http={self.internal.http_url}", f"--triton-grpc={self.internal.grpc_url}",
+            f"--max-body-bytes={s.body_limit}",
+        ]  # fmt: skip
+        if s.tls is not None:
+            argv += [f"--tls-cert={s.tls.cert}", f"--tls-key={s.tls.key}"]
+            argv += [f"--tls-client-ca={s.tls.client_ca_cert}"] if s.tls.client_ca_cert else []
+        argv += frontend_access(s)[0]  # not its headers: a client's own reach tritonserver, to be checked there
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
 
     @property
     def openai_url(self) -> str | None:
@@ -224,15 +263,20 @@ class TritonServer:
         output in the server's log."""
         if not self.ports.openai:
             return None
+        assert self.internal is not None
         s, engine = self.profile.server, self.profile.engine
         argv = [
             sys.executable, "-m", "specdec.openai.server",
-            f"--triton-url={self.grpc_url}", f"--model={self.profile.name}",
+            f"--triton-url={self.internal.grpc_url}", f"--model={self.profile.name}",
             f"--host={self.host}", f"--port={self.ports.openai}",
             f"--max-tokens-limit={min(s.max_tokens_limit, engine.max_seq_len - 1)}",
-            f"--max-body-bytes={2 * s.max_prompt_bytes + 65536}",
+            f"--max-body-bytes={s.body_limit}",
         ]  # fmt: skip
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        if self.supervised:  # its GET /health/ready follows the supervisor's state as well
+            argv.append(f"--state-file={state_path(self.profile)}")
+        access, env = frontend_access(s)  # TLS and restricted gRPC: its certificates, its headers
+        return subprocess.Popen([*argv, *access], env={**os.environ, **env}, stdout=out,
+                                stderr=subprocess.STDOUT if out else None, start_new_session=True)  # fmt: skip
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until the server is ready; ServerError if it exits first or is not ready within
@@ -246,6 +290,8 @@ class TritonServer:
             if self.frontend is not None and self.frontend.poll() is not None:
                 raise ServerError(f"the OpenAI-compatible frontend exited ({self.frontend.returncode})\n"
                                   f"{self.log_tail()}")  # fmt: skip
+            if self.edge is not None and self.edge.poll() is not None:
+                raise ServerError(f"the server's edge exited ({self.edge.returncode})\n{self.log_tail()}")
             if answers(url) and (self.openai_url is None or answers(f"{self.openai_url}/models")):
                 if self.process is not None:
                     self.shared_memory = mapped_shared_memory(triton_process(self.process.pid))
@@ -263,6 +309,8 @@ class TritonServer:
             return f"tritonserver exited ({code})"
         if self.frontend is not None and (code := self.frontend.poll()) is not None:
             return f"the OpenAI-compatible frontend exited ({code})"
+        if self.edge is not None and (code := self.edge.poll()) is not None:
+            return f"the server's edge exited ({code})"
         if dead := sorted({model for model, stub in self.stubs if not alive(stub)}):
             return f"the Python backend stub of {', '.join(dead)} died"
         return None
@@ -293,19 +341,32 @@ class TritonServer:
                     return
                 time.sleep(0.2)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.process is not None and self.process.poll() is None:
+    def can_finish_requests(self) -> bool:
+        """Whether requests in flight can still finish: tritonserver runs and no stub on their
+        path died (a dead draft model's requests go on without speculation)."""
+        running = self.process is not None and self.process.poll() is None
+        return running and {model for model, stub in self.stubs if not alive(stub)} <= {"draft"}
+
+    def stop(self, timeout: float = 30.0, graceful: bool = True) -> None:
+        """Drain, then stop tritonserver and everything it started. graceful=False (a server
+        whose requests cannot finish, see can_finish_requests): no drain and SIGKILL, so that
+        its clients' streams end at once rather than after Triton's exit timeout."""
+        if graceful and self.process is not None and self.process.poll() is None:
             if self.supervised:
                 write_state(self.profile, DRAINING)
             self.drain()
-        frontend, self.frontend = self.frontend, None
-        if frontend is not None:  # (after the drain: its streams ended with the requests)
-            frontend.terminate()
-            try:
-                frontend.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                frontend.kill()
-                frontend.wait()
+        for attr in ("frontend", "edge"):  # (after the drain: their streams ended with the requests)
+            process = getattr(self, attr)
+            setattr(self, attr, None)
+            if process is not None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        if self.internal is not None:  # this start's key dies with it
+            access_path(self.profile.build_path(), self.ports.grpc).unlink(missing_ok=True)
         proc, self.process = self.process, None
         drain_path(self.profile.build_path()).unlink(missing_ok=True)
         if proc is not None:
@@ -317,7 +378,7 @@ class TritonServer:
                 # tritonserver itself shuts down gracefully; a launcher need not pass SIGTERM on,
                 # and exits once its child has
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(triton_process(proc.pid), signal.SIGTERM)
+                    os.kill(triton_process(proc.pid), signal.SIGTERM if graceful else signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=timeout)
             for process in started:
@@ -334,11 +395,11 @@ class TritonServer:
             self._log_handle.close()
             self._log_handle = None
 
-    def restart(self) -> Path | None:
-        """Stop what is left of the server (its stubs, its shared memory), start it again and
-        wait until it is ready. The old log is kept under a dated name, returned (None: the log
-        went to the terminal)."""
-        self.stop()
+    def restart(self, graceful: bool = True) -> Path | None:
+        """Stop what is left of the server (its stubs, its shared memory; `graceful` as stop()'s),
+        start it again and wait until it is ready. The old log is kept under a dated name,
+        returned (None: the log went to the terminal)."""
+        self.stop(graceful=graceful)
         kept = None
         if not self.foreground_log and self.log_file.is_file():
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -466,7 +527,9 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
     Its state goes to the build folder's STATE_FILE (ready, restarting, failed; stop() writes
     draining), renewed every HEARTBEAT_S, for readiness and liveness probes (docker/healthcheck.py).
 
-    A restart starts clean (TritonServer.restart): a server still running is drained first, the
+    A restart starts clean (TritonServer.restart): a server whose requests can still finish (only
+    the draft model's stub died) is drained first, one whose requests cannot is killed at once, so
+    that its streams end now rather than hang until Triton's exit timeout; the
     old server's stubs are killed with its process group, its shared memory is unlinked, its log
     is kept under a dated name. Requests it was serving fail (clients see UNAVAILABLE); the new
     server serves from its first ready."""
@@ -490,7 +553,7 @@ def supervise(server: TritonServer, say: Callable[[str], None]) -> int:
         restarts.append(now)
         say(f"restarting tritonserver ({len(restarts)} of {options.max_restarts} in {options.restart_window_s:.0f} s)")
         try:
-            kept = server.restart()
+            kept = server.restart(graceful=server.can_finish_requests())
         except ServerError as err:
             say(f"[red]the restarted tritonserver did not become ready[/]: {err}")
             write_state(server.profile, FAILED)

@@ -271,6 +271,8 @@ def parse_spec_decode(inputs: dict, profile: Profile, vocab_size: int) -> SpecDe
             raise InvalidInput(f"stop_words_list: more than {limit} stop-word tokens")
         stop_words = stop_words_from_list(arr)
     end_id = _end_id(inputs)
+    if end_id is not None and end_id >= vocab_size:
+        raise InvalidInput(f"end_id: must be a token id below {vocab_size} (negative: no end token), got {end_id}")
     params = _sampling(inputs, _ENSEMBLE_SAMPLING)
     _check_sampled(params, profile)
     min_tokens = _int(inputs, "min_tokens", 0)

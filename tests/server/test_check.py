@@ -19,7 +19,7 @@ def test_check_against_the_real_server(server, tokenizer):
     ids = [tokenizer.encode(tokenizer.chat_prompt(p.text)) for p in prompts]
 
     async def main():
-        async with TritonClient(server.grpc_url) as client:
+        async with TritonClient(server.internal.grpc_url, internal_key=server.internal.key) as client:
             return await run_check(client, ids, [CheckArm("ngram", 3), CheckArm("draft_model", 2)], 24,
                                    tokenizer.eos_id)  # fmt: skip
 
@@ -39,7 +39,7 @@ def test_sampled_check_against_the_real_server(server, tokenizer):
     ids = [tokenizer.encode(tokenizer.chat_prompt(p.text)) for p in prompts]
 
     async def main():
-        async with TritonClient(server.grpc_url) as client:
+        async with TritonClient(server.internal.grpc_url, internal_key=server.internal.key) as client:
             return await run_check(client, ids, [CheckArm("ngram", 4)], 32, tokenizer.eos_id,
                                    sampled=Sampled(0.8, 0.95, seed=11))  # fmt: skip
 

@@ -47,7 +47,7 @@ def test_python_models_of_the_gpu_repository_load(tmp_path):
             with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/ready", timeout=5) as r:
                 assert r.status == 200
         answer = _post(
-            f"http://{server.http_url}/v2/models/preprocessing/infer",
+            f"http://{server.internal.http_url}/v2/models/preprocessing/infer",  # internal: tritonserver's own
             {
                 "inputs": [
                     {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["w5 w7"]},

@@ -1,10 +1,12 @@
-"""What production throws at the server: cancellations, a failing draft, overload, random and
-hostile input, tritonserver dying, SIGTERM under load. Every test runs against a real tritonserver on 127.0.0.1 and
-is bounded in requests and time."""
+"""What production throws at the server: cancellations, a failing draft, overload, an engine,
+a BLS stub or tritonserver dying under streams, SIGTERM under load (random and hostile input:
+test_fuzz.py). Every test runs against a real tritonserver on 127.0.0.1 and is bounded in
+requests and time."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -12,11 +14,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from support.servers import variant_profile, variant_server, wait_for
+from support.servers import internal_client, variant_profile, variant_server, wait_for
 
 from specdec.client.client import RequestParams, TritonClient
 from specdec.client.server_stats import memory_snapshot, scrape, total
@@ -60,14 +61,14 @@ def test_hundreds_of_cancellations_leave_memory_and_cache_where_they_were(server
     async def cancel_many(n: int):
         gate = asyncio.Semaphore(8)
         ids = tokenizer.encode(tokenizer.chat_prompt(LONG))
-        async with TritonClient(server.grpc_url) as client:
+        async with TritonClient(server.grpc_url) as client, internal_client(server) as direct:
 
             async def one(i: int):
                 async with gate:
                     params = RequestParams(max_tokens=300, num_draft_tokens=i % 6)
                     if i % 2:
                         return await client.generate(LONG, params, cancel_after=1 + i % 3)
-                    return await client.generate_ids(ids, params, cancel_after=1 + i % 3)
+                    return await direct.generate_ids(ids, params, cancel_after=1 + i % 3)
 
             return await asyncio.gather(*(one(i) for i in range(n)))
 
@@ -114,7 +115,7 @@ def test_requests_survive_a_failing_draft_model(embedded_profile, smollm_dir, to
     with variant_server(embedded_profile, smollm_dir, "reliability-draft") as srv:
 
         async def run(**kw):
-            async with TritonClient(srv.grpc_url) as client:
+            async with internal_client(srv) as client:
                 return await client.generate_ids(ids, RequestParams(**{**vars(params), **kw}))
 
         reference = asyncio.run(run(num_draft_tokens=0, draft_method="none"))
@@ -140,7 +141,7 @@ def test_overload_queues_up_to_the_bound_then_refuses_at_once(embedded_profile, 
     with variant_server(embedded_profile, smollm_dir, "reliability-overload", server=server_options) as srv:
 
         async def flood():
-            async with TritonClient(srv.grpc_url) as client:
+            async with internal_client(srv) as client:
                 params = RequestParams(max_tokens=16, num_draft_tokens=0)
                 return await asyncio.wait_for(
                     asyncio.gather(*(client.generate_ids(ids, params) for _ in range(12))), timeout=120
@@ -155,62 +156,18 @@ def test_overload_queues_up_to_the_bound_then_refuses_at_once(embedded_profile, 
         assert len({tuple(r.ids) for r in served}) == 1  # every admitted request completed correctly
 
 
-# --- random and hostile input ------------------------------------------------------------------------
-KNOWN_FIELDS = {
-    "text_input", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop_words",
-    "num_draft_tokens", "draft_method", "end_id", "stream", "apply_chat_template",
-}  # fmt: skip
-
-values = {
-    "text_input": st.one_of(st.text(max_size=40), st.just(""), st.just("\ud800x"), st.just("word " * 2100)),
-    "max_tokens": st.one_of(st.integers(-3, 12), st.just(10**6)),
-    "temperature": st.one_of(st.floats(-1, 2, allow_nan=False), st.just(float("nan")), st.just(float("inf"))),
-    "top_k": st.integers(-2, 60),
-    "top_p": st.one_of(st.floats(-0.5, 1.5, allow_nan=False), st.just(float("nan"))),
-    "seed": st.integers(0, 2**64 - 1),
-    "stop_words": st.lists(st.text(max_size=6), max_size=3),
-    "num_draft_tokens": st.integers(-2, 12),
-    "draft_method": st.sampled_from(["ngram", "draft_model", "none", "", "magic"]),
-    "end_id": st.integers(-5, 50000),
-}
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    st.fixed_dictionaries(
-        {"text_input": values["text_input"]}, optional={k: v for k, v in values.items() if k != "text_input"}
-    )
-)
-def test_random_requests_get_a_generation_or_a_clear_refusal(server, body):
-    """Whatever the combination: a valid generation, or a 4xx naming one of the request's
-    fields; never a crash, a hang or a 500 from our models."""
-    payload = json.dumps(body, allow_nan=True).encode()
-    req = urllib.request.Request(
-        f"http://{server.http_url}/v2/models/ensemble/generate",
-        data=payload,
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            answer = json.loads(resp.read())
-            assert isinstance(answer["text_output"], str)
-    except urllib.error.HTTPError as err:
-        message = json.loads(err.read())["error"]
-        # NaN, inf or a lone surrogate: Triton's JSON parser refuses the body before any model sees it
-        json_parse_error = "nable to parse" in message or "failed to parse the request JSON" in message
-        assert err.code == 400 or json_parse_error, message
-        assert json_parse_error or any(field in message for field in KNOWN_FIELDS), message
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5) as ready:
-        assert ready.status == 200
-
-
 # --- a dead server, shutdown -------------------------------------------------------------------------
-def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embedded_profile, smollm_dir, tmp_path):
-    """`specdec serve` as a user runs it. tritonserver killed: serve starts a new one, which
-    serves, and the dead one's stubs and shared memory are gone, its log kept. A stub killed:
-    serve starts a new server again. Then SIGTERM while
-    6 streams generate: they finish (or stop with UNAVAILABLE) within the drain bound, the server
-    exits 0, and no stub process or shared memory segment is left."""
+FAULT_BOUND_S = 20.0  # a stream on a server that breaks ends within this (the supervisor polls every second)
+
+
+def test_specdec_serve_recovers_from_each_engine_fault_and_drains_on_sigterm(embedded_profile, smollm_dir, tmp_path):
+    """`specdec serve` as a user runs it, with 3 streams in flight at each fault: the target
+    engine's stub killed, spec_decode's stub killed, tritonserver killed. Each time every open
+    stream ends with an error within FAULT_BOUND_S (none hangs), readiness turns false until
+    serve has a new server ready, the old server's stubs and shared memory are gone (its log
+    kept), and the new server's greedy output is the first one's. Then SIGTERM while 6 streams
+    generate: they finish (or stop with UNAVAILABLE) within the drain bound, the server exits 0,
+    and no stub process or shared memory segment is left."""
     import subprocess
     import sys
 
@@ -218,12 +175,13 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
 
     from specdec.triton.serve import alive, free_port, mapped_shared_memory, python_stubs
 
-    profile = variant_profile(embedded_profile, smollm_dir, "reliability-shutdown")
+    profile = variant_profile(embedded_profile, smollm_dir, "reliability-faults")
     profile_file = tmp_path / "profile.yaml"
     profile_file.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
     for old_log in (profile.build_path() / "logs").glob("tritonserver-*.log"):
         old_log.unlink()
-    ports = [free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(4)]
+    grpc_url = f"127.0.0.1:{ports[1]}"
     shm_before = set(os.listdir("/dev/shm"))
     said = tmp_path / "serve.err"  # what serve says (its console is stderr)
 
@@ -231,10 +189,42 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
         env = {**os.environ, "SPECDEC_PROFILE": str(profile_file), "SPECDEC_HTTP_PORT": str(ports[0])}
         return subprocess.run([sys.executable, str(REPO_ROOT / "docker" / "healthcheck.py"), kind], env=env).returncode
 
+    async def greedy():
+        async with TritonClient(grpc_url) as client:
+            return await client.generate("Name three rivers.", RequestParams(max_tokens=16, temperature=0.0))
+
+    async def streams_through(fault) -> tuple[list[str | None], list[int], float]:
+        """3 streams; once each has a chunk, fault(); each one's error, its chunks, and how long
+        after the fault the last of them ended. A stream ends with an error response, or with its
+        connection (the edge is restarted with the server: gRPC UNAVAILABLE)."""
+        chunks = [0, 0, 0]
+        ends: list[float] = []
+
+        async def one(client: TritonClient, i: int) -> str | None:
+            def counted(_: str) -> None:
+                chunks[i] += 1
+
+            try:
+                error = (await client.generate(LONG, RequestParams(max_tokens=400), on_chunk=counted)).error
+            except grpc.RpcError as err:
+                error = f"{err.code().name}: {err.details()}"
+            ends.append(time.perf_counter())
+            return error
+
+        async with TritonClient(grpc_url) as client:
+            tasks = [asyncio.create_task(one(client, i)) for i in range(3)]
+            while not all(chunks):
+                await asyncio.sleep(0.05)
+            faulted = time.perf_counter()
+            fault()
+            errors = await asyncio.wait_for(asyncio.gather(*tasks), timeout=FAULT_BOUND_S + 30)
+        return errors, chunks, max(ends) - faulted
+
     with said.open("w") as err:
         serve = subprocess.Popen(
             [sys.executable, "-m", "specdec.cli", "serve", "--profile", str(profile_file), "--no-build",
-             "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
+             "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+             "--openai-port", str(ports[3])],
             stderr=err, env={**os.environ, "COLUMNS": "200"},
         )  # fmt: skip
     try:
@@ -242,33 +232,39 @@ def test_specdec_serve_restarts_a_dead_server_or_stub_and_drains_on_sigterm(embe
         # is a start that failed (serve exits), not a crash to restart
         assert wait_for(lambda: "ready  gRPC" in said.read_text(), timeout=120), "specdec serve did not become ready"
         assert wait_for(lambda: probe("--ready") == probe("--live") == 0, timeout=10)  # the probes agree
-        dead_pid = _tritonserver_of(serve.pid)
-        dead_stubs = psutil.Process(dead_pid).children(recursive=True)
-        dead_regions = mapped_shared_memory(dead_pid)
-        assert dead_stubs and dead_regions
-        os.kill(dead_pid, signal.SIGKILL)
-        assert wait_for(lambda: "ready again" in said.read_text(), timeout=120), said.read_text()[-2000:]
-        assert _ok(f"http://127.0.0.1:{ports[0]}/v2/health/ready")
-        assert not any(alive(p) for p in dead_stubs)
-        assert not any(region.exists() for region in dead_regions)
-        kept_logs = list((profile.build_path() / "logs").glob("tritonserver-*.log"))
-        assert any("Started GRPCInferenceService" in log.read_text() for log in kept_logs)
+        reference = asyncio.run(greedy())
+        assert reference.error is None and reference.text
 
-        # a model's stub dies, tritonserver lives on (Triton 2.51 answers "Stub process ... is
-        # not healthy" from then on): serve restarts the server too
-        target_stub = next(stub for model, stub in python_stubs(_tritonserver_of(serve.pid)) if model == "target")
-        target_stub.kill()
-        # Triton still answers ready; `specdec serve` does not, until its new server is
-        assert wait_for(lambda: probe("--ready") == 1, timeout=10) and probe("--live") == 0
-        assert wait_for(lambda: said.read_text().count("ready again") == 2, timeout=120), said.read_text()[-2000:]
-        assert "the Python backend stub of target died" in said.read_text()
-        assert _ok(f"http://127.0.0.1:{ports[0]}/v2/health/ready")
+        faults = {
+            "target": lambda pid: next(stub for model, stub in python_stubs(pid) if model == "target").kill(),
+            "spec_decode": lambda pid: next(stub for model, stub in python_stubs(pid) if model == "spec_decode").kill(),
+            "tritonserver": lambda pid: os.kill(pid, signal.SIGKILL),
+        }
+        for restarts, (name, fault) in enumerate(faults.items(), start=1):
+            server_pid = _tritonserver_of(serve.pid)
+            old_stubs = psutil.Process(server_pid).children(recursive=True)
+            old_regions = mapped_shared_memory(server_pid)
+            errors, chunks, ended_after = asyncio.run(streams_through(functools.partial(fault, server_pid)))
+            assert all(chunks) and all(errors), (name, errors)
+            assert ended_after < FAULT_BOUND_S, f"{name}: the streams ended {ended_after:.1f} s after the fault"
+            # (a restart takes far longer than the streams took to end: it is under way)
+            assert probe("--ready") == 1 and probe("--live") == 0, name  # Triton may still answer ready
+            restarted = functools.partial(lambda n: said.read_text().count("ready again") == n, restarts)
+            assert wait_for(restarted, timeout=180), (name, said.read_text()[-2000:])
+            assert wait_for(lambda: probe("--ready") == 0, timeout=10), name
+            assert not any(alive(p) for p in old_stubs), name
+            assert not any(region.exists() for region in old_regions), name
+            again = asyncio.run(greedy())
+            assert again.error is None and again.text == reference.text, name
+        assert "the Python backend stub of spec_decode died" in said.read_text()
+        kept_logs = list((profile.build_path() / "logs").glob("tritonserver-*.log"))
+        assert len(kept_logs) == len(faults)
 
         server_pid = _tritonserver_of(serve.pid)
         stubs = psutil.Process(server_pid).children(recursive=True)
 
         async def load():
-            async with TritonClient(f"127.0.0.1:{ports[1]}") as client:
+            async with TritonClient(grpc_url) as client:
                 params = RequestParams(max_tokens=200)
                 tasks = [asyncio.create_task(client.generate(LONG, params)) for _ in range(6)]
                 await asyncio.sleep(1.5)
@@ -317,7 +313,10 @@ class _DyingServer:
         self.starts += 1
         self.process = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({self.lifetime})"])
 
-    def restart(self) -> None:
+    def can_finish_requests(self) -> bool:
+        return self.process.poll() is None
+
+    def restart(self, graceful: bool = True) -> None:
         self.start()
 
     def failure(self) -> str | None:

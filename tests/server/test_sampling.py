@@ -25,9 +25,9 @@ from collections import Counter
 import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
-from support.servers import variant_server
+from support.servers import internal_client, variant_server
 
-from specdec.client.client import RequestParams, TritonClient, within
+from specdec.client.client import RequestParams, within
 
 pytestmark = pytest.mark.server
 
@@ -50,7 +50,7 @@ REQUEST_DEADLINE_S = 120  # each takes well under a second here
 def _records_for_seeds(server, prompt_ids, seeds, **params):
     async def main():
         gate = asyncio.Semaphore(8)
-        async with TritonClient(server.grpc_url) as client:
+        async with internal_client(server) as client:
 
             async def one(seed):
                 async with gate:

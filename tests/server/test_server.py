@@ -19,7 +19,7 @@ import pytest
 import torch
 from support.models import needs_bf16
 from support.prompts import PASSAGE, PROMPTS
-from support.servers import variant_server, with_dtype
+from support.servers import internal_client, variant_server, with_dtype
 
 from specdec.client.client import RequestParams, TritonClient, http_generate
 from specdec.client.server_stats import scrape, total
@@ -37,6 +37,7 @@ from specdec.contract import (
     SPEC_DECODE_OUTPUTS,
 )
 from specdec.engine.kv_slots import common_prefix
+from specdec.triton.internal import TAG
 
 pytestmark = pytest.mark.server
 
@@ -67,7 +68,7 @@ def generate_all(server, prompt_ids, params_list, in_flight=8):
 
     async def main():
         gate = asyncio.Semaphore(in_flight)
-        async with TritonClient(server.grpc_url) as client:
+        async with internal_client(server) as client:
 
             async def one(ids, params):
                 async with gate:
@@ -308,7 +309,7 @@ def test_wrong_dtype_is_refused_by_triton_naming_the_input(server):
 
 def test_bad_token_level_input_to_spec_decode(server, tokenizer):
     async def main(ids, **kw):
-        async with TritonClient(server.grpc_url) as client:
+        async with internal_client(server) as client:
             return await client.generate_ids(ids, RequestParams(max_tokens=4, **kw))
 
     assert "input_ids" in asyncio.run(main([tokenizer.vocab_size + 5])).error
@@ -322,21 +323,21 @@ def test_spec_decode_answers_with_the_outputs_asked_for(server, asked):
     that names none gets them all, as Triton promises."""
 
     async def main():
-        async with TritonClient(server.grpc_url) as client:
+        async with internal_client(server) as client:
             inputs = client.inputs({"input_ids": [1, 2, 3], "max_tokens": 3}, SPEC_DECODE_INPUTS)
             return [r async for r in client.stream("spec_decode", inputs, asked)]
 
     results = asyncio.run(main())
     assert results
     for result in results:
-        assert {o.name for o in result.get_response().outputs} == set(asked or SPEC_DECODE_OUTPUTS)
+        assert {o.name for o in result.get_response().outputs} == set(asked or [*SPEC_DECODE_OUTPUTS, TAG])
 
 
 @pytest.mark.parametrize(
     ("model", "inputs", "outputs", "own_inputs", "own_outputs"),
     [
         ("ensemble", ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, [], []),
-        ("spec_decode", SPEC_DECODE_INPUTS, SPEC_DECODE_OUTPUTS, [], []),
+        ("spec_decode", SPEC_DECODE_INPUTS, SPEC_DECODE_OUTPUTS, [TAG], [TAG]),  # the tags ensemble steps carry
         ("target", ENGINE_INPUTS, ENGINE_OUTPUTS, [GUESS_INPUT, CACHE_SALT_INPUT, SEQUENCE_KEY_INPUT],
          [GUESS_OUTPUT, ROW_ERRORS_OUTPUT]),
     ],

@@ -16,6 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from google.protobuf import json_format, text_format
 from support.prompts import PASSAGE
+from support.servers import internal_client
 from support.trtllm import TRT_PROFILES, profile_data, tiny_profile
 from tritonclient.grpc import model_config_pb2
 
@@ -104,14 +105,14 @@ def test_the_profile_serves_exact_greedy_generations(name, smollm_dir, tokenizer
     with TritonServer(profile, ports=Ports.free(), standin=True) as server:
 
         async def main():
-            async with TritonClient(server.grpc_url) as client:
+            async with TritonClient(server.grpc_url) as client, internal_client(server) as direct:
                 out = []
                 for (text, n), (ids, _) in zip(PROMPTS, references, strict=True):
                     params = RequestParams(max_tokens=n)
                     out.append((
                         await client.generate(text, params, stream=True),
                         await http_generate(server.http_url, text, params, stream=False),
-                        await client.generate_ids(ids, params, stream=False),
+                        await direct.generate_ids(ids, params, stream=False),
                         await client.generate(text, RequestParams(max_tokens=n, temperature=0.7, seed=1)),
                     ))  # fmt: skip
                 return out
@@ -144,7 +145,9 @@ def test_the_real_server_refuses_what_the_backend_refuses(smollm_dir, tmp_path):
         refused.__enter__()
     config.write_text(text)
     with TritonServer(profile, ports=Ports.free(), standin=True) as server:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
+        # the engine model itself, as spec_decode calls it: on tritonserver's own endpoint (the
+        # backend reads no key, as the tensorrtllm backend reads none; the edge serves only the ensemble)
+        client = grpcclient.InferenceServerClient(server.internal.grpc_url)
         inputs = []
         for name, value in (("input_ids", [[5, 7, 9]]), ("input_lengths", [[3]]), ("request_output_len", [[2]])):
             tensor = grpcclient.InferInput(name, [1, len(value[0])], "INT32")

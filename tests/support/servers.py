@@ -61,6 +61,14 @@ def variant_server(base, smollm_dir: Path, name: str, draft_layers: int = 4, **u
             RUNNING_SERVERS.remove(srv)
 
 
+def internal_client(server):
+    """A client of the server's internal models (spec_decode's token ids, the engines): on
+    tritonserver's own endpoint, with the key of its start (specdec/triton/internal.py)."""
+    from specdec.client.client import TritonClient
+
+    return TritonClient(server.internal.grpc_url, internal_key=server.internal.key)
+
+
 def with_dtype(profile, dtype: str) -> dict:
     """variant_profile's update for the engine computing in `dtype`."""
     return {"engine": profile.engine.model_copy(update={"dtype": dtype})}

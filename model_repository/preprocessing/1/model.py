@@ -1,4 +1,5 @@
-"""Triton adapter: text -> token ids (specdec.tokenizer), with the checks that need tokens."""
+"""Triton adapter: text -> token ids (specdec.tokenizer), with the checks that need tokens; the
+checked request goes to spec_decode under a tag (specdec.triton.internal)."""
 
 import json
 
@@ -9,7 +10,12 @@ from jinja2 import TemplateError
 from specdec.config import load_profile
 from specdec.contract import stop_words_to_list
 from specdec.tokenizer import TextTokenizer
+from specdec.triton.internal import TAG, checked_tag, key_from_environment
 from specdec.triton.tensors import InvalidInput, check_context, parse_preprocess, request_inputs
+
+# this model's outputs under the names spec_decode takes them by (the ensemble's maps)
+OUTPUT_NAMES = {"input_ids": "input_ids", "input_lengths": "input_lengths", "max_tokens": "max_tokens_out",
+                "end_id": "end_id_out", "stop_words_list": "stop_words_list"}  # fmt: skip
 
 
 class TritonPythonModel:
@@ -17,6 +23,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.profile = load_profile(params["profile"])
         self.tokenizer = TextTokenizer(params["tokenizer_dir"])
+        self.key = key_from_environment()
         # the family spec_decode counts its refusals in (Triton merges families of one name); a
         # MetricFamily must outlive its metrics: both kept
         self.refusal_family = pb_utils.MetricFamily(
@@ -42,12 +49,12 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
         end_id = req.end_id if req.end_id is not None else self.tokenizer.eos_id
         stop_words = stop_words_to_list([self.tokenizer.encode(w) for w in req.stop_words])
-        return pb_utils.InferenceResponse(
-            [
-                pb_utils.Tensor("input_ids", np.array([ids], dtype=np.int32)),
-                pb_utils.Tensor("input_lengths", np.array([[len(ids)]], dtype=np.int32)),
-                pb_utils.Tensor("max_tokens_out", np.array([[req.max_tokens]], dtype=np.int32)),
-                pb_utils.Tensor("end_id_out", np.array([[-1 if end_id is None else end_id]], dtype=np.int32)),
-                pb_utils.Tensor("stop_words_list", stop_words[None]),
-            ]
-        )
+        checked = {  # one request's, as spec_decode reads them (no batch dimension)
+            "input_ids": np.array(ids, dtype=np.int32),
+            "input_lengths": np.array([len(ids)], dtype=np.int32),
+            "max_tokens": np.array([req.max_tokens], dtype=np.int32),
+            "end_id": np.array([-1 if end_id is None else end_id], dtype=np.int32),
+            "stop_words_list": stop_words,
+        }
+        tensors = [pb_utils.Tensor(OUTPUT_NAMES[name], arr[None]) for name, arr in checked.items()]
+        return pb_utils.InferenceResponse([*tensors, pb_utils.Tensor(TAG, checked_tag(self.key, checked)[None])])

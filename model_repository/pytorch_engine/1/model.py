@@ -1,4 +1,5 @@
-"""Triton adapter: the TensorRT-LLM backend's tensors <-> specdec.engine.Engine."""
+"""Triton adapter: the TensorRT-LLM backend's tensors <-> specdec.engine.Engine. It takes calls
+that carry the server's key (spec_decode's BLS calls; specdec.triton.internal) and refuses others."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import triton_python_backend_utils as pb_utils
 
 from specdec.engine.engine import Engine
 from specdec.speculation.controller import ForwardCost
+from specdec.triton.internal import carries_key, key_from_environment, refusal
 from specdec.triton.tensors import (
     InvalidInput,
     empty_engine_outputs,
@@ -32,6 +34,8 @@ def _response(arrays):
 class TritonPythonModel:
     def initialize(self, args):
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
+        self.name = json.loads(args["model_config"])["name"]
+        self.key = key_from_environment()
         options = json.loads(params["engine_options"])
         self.engine = Engine(params["model_dir"], **options)
         self.engine.warmup()
@@ -40,7 +44,7 @@ class TritonPythonModel:
         table = self.engine.calibrate()
         self.cost = ForwardCost(table["rows"], table["seconds"])
         self._write_cost()
-        labels = {"model": json.loads(args["model_config"])["name"]}
+        labels = {"model": self.name}
         # a MetricFamily must outlive its metrics: keep both
         self.families = [
             pb_utils.MetricFamily(name=name, description=doc, kind=kind)
@@ -50,9 +54,14 @@ class TritonPythonModel:
                 ("specdec_kv_reused_prefix_tokens_total",
                  "Prompt tokens whose keys/values a new request reused from an ended one's prefix",
                  pb_utils.MetricFamily.COUNTER),
+                # spec_decode's family (Triton merges families of one name)
+                ("specdec_requests_refused_total", "Requests refused, by reason", pb_utils.MetricFamily.COUNTER),
             )
         ]  # fmt: skip
-        self.slots_in_use, slots_total, self.reused_prefix = (family.Metric(labels=labels) for family in self.families)
+        in_use, slots_total, reused, refused = self.families
+        self.slots_in_use, self.reused_prefix = in_use.Metric(labels=labels), reused.Metric(labels=labels)
+        slots_total = slots_total.Metric(labels=labels)
+        self.refusals = refused.Metric(labels={**labels, "reason": "internal"})
         slots_total.set(options["kv_slots"])
         self.slots_total = slots_total
         self.slots_reported = None
@@ -62,6 +71,10 @@ class TritonPythonModel:
         responses = [None] * len(requests)
         calls, where = [], []
         for i, request in enumerate(requests):
+            if not carries_key(request.parameters(), self.key):
+                self.refusals.increment(1)
+                responses[i] = _error(refusal(self.name))
+                continue
             try:
                 call = parse_engine_call(request_arrays(request), request.request_id())
             except InvalidInput as err:

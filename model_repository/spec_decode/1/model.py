@@ -14,6 +14,15 @@ from specdec.config import load_profile
 from specdec.engine.model import LlamaConfig
 from specdec.speculation.admission import Overloaded
 from specdec.speculation.loop import AcceptanceStats
+from specdec.triton.internal import (
+    KEY_PARAMETER,
+    TAG,
+    carries_key,
+    checked_request_tagged,
+    key_from_environment,
+    refusal,
+    sequence_tag,
+)
 from specdec.triton.passthrough import PassthroughService, decoupled_engines, drafts_in_engine
 from specdec.triton.service import EngineError, SpecDecodeService
 from specdec.triton.tensors import InvalidInput, parse_spec_decode, request_inputs, spec_decode_outputs
@@ -21,15 +30,17 @@ from specdec.triton.tensors import InvalidInput, parse_spec_decode, request_inpu
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def prepare_call(model, inputs, outputs, request_id, decoupled=False):
+def prepare_call(model, inputs, outputs, request_id, decoupled=False, parameters=None):
     """A BLS call to an engine model, built; the send() it returns hands it to a thread
     (async_exec()) and gives the awaitable of its outputs. A decoupled engine (the LLM API's)
-    answers with one response that carries outputs and a final flag, maybe in a last one."""
+    answers with one response that carries outputs and a final flag, maybe in a last one.
+    parameters: the call's request parameters (the key that internal models take calls with)."""
     request = pb_utils.InferenceRequest(
         model_name=model,
         inputs=[pb_utils.Tensor(name, arr) for name, arr in inputs.items()],
         requested_output_names=outputs,
         request_id=request_id,
+        parameters=parameters,
     )
 
     def outputs_of_response(response):
@@ -238,9 +249,11 @@ class TritonPythonModel:
         service = PassthroughService if drafts_in_engine(self.profile) else SpecDecodeService
         decoupled = decoupled_engines(self.profile)
         self.metrics = TritonMetrics(config["name"])
+        self.key = key_from_environment()
+        keyed = {KEY_PARAMETER: self.key.decode()}  # on every engine call: the engines refuse calls without it
         self.service = service(
             self.profile,
-            lambda model, *args: prepare_call(model, *args, decoupled=model in decoupled),
+            lambda model, *args: prepare_call(model, *args, decoupled=model in decoupled, parameters=keyed),
             self.metrics,
             target_model=params["target_model"],
             draft_model=params["draft_model"] or None,
@@ -267,6 +280,13 @@ class TritonPythonModel:
         sequence_id = secrets.randbits(63)
         try:
             inputs = request_inputs(request)
+            keyed = carries_key(request.parameters(), self.key)
+            if not (keyed or ("cancel_sequence_id" not in inputs and checked_request_tagged(self.key, inputs))):
+                # neither a call with the key (postprocessing's relay, a local operator's) nor the
+                # ensemble's step with preprocessing's tag over the checked request
+                self.metrics.refused("internal")
+                responses.error(refusal("spec_decode"), pb_utils.TritonError.INVALID_ARG)
+                return
             if "cancel_sequence_id" in inputs:
                 # Triton 2.51's ensemble does not pass a client's cancellation on to this model;
                 # postprocessing sees it and relays it here (see postprocessing/1/model.py).
@@ -276,6 +296,7 @@ class TritonPythonModel:
                 responses.round(final=True)
                 return
             req = parse_spec_decode(inputs, self.profile, self.vocab_size)
+            tag = sequence_tag(self.key, sequence_id)[None]  # postprocessing takes the sequence id under it
             self.live[sequence_id] = responses
             sent = []  # tokens already sent, for the postprocessing window
             pending = []
@@ -292,6 +313,7 @@ class TritonPythonModel:
                     outputs = spec_decode_outputs(
                         sent, pending, chunk.final, chunk.gen.stats, sequence_id, len(req.spec.prompt_ids)
                     )
+                    outputs[TAG] = tag
                     responses.round(outputs, final=chunk.final)
                     sent += pending
                     pending = []

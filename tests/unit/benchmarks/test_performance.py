@@ -22,9 +22,14 @@ def test_each_script_that_writes_results_has_a_folder_of_its_own():
 
 
 def test_the_defaults_it_leaves_out_of_a_command_are_the_scripts():
+    import soak
     from targets import CONCURRENCY
 
     assert performance.TARGETS_CONCURRENCY == CONCURRENCY
+    soak_defaults = soak.parser().parse_args([])
+    given = {"warmup_requests": soak_defaults.warmup, "sample_every": soak_defaults.sample_every,
+             "max_slope_bytes_per_request": soak_defaults.max_slope}  # fmt: skip
+    assert given == performance.SOAK_DEFAULTS
 
 
 def _write(path, text: str) -> None:
@@ -41,8 +46,11 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
     _write(results / "copy_bound" / "copy_bound.md", "Machine: Other CPU, 2 cores. Forward ms.\n\n| task |\n")
     _write(results / "copy_bound" / "copy_bound.json",
            json.dumps({"tasks": [{"kind": "code"}, {"kind": "held.jsonl (all)"}]}))  # fmt: skip
+    slopes = {"rss": 12.0, "anon": 10.0, "file": 2.0, "shmem": 0.0}
+    memory = {"warmup_requests": 4, "sample_every": 2, "max_slope_bytes_per_request": 1024,
+              "slopes_bytes_per_request": {"edge": slopes}, "samples": []}  # fmt: skip
     soak = {"machine": MACHINE, "requests": 10, "concurrency": 2, "outcomes": {"greedy (text): as expected": 10},
-            "unexpected": [], "resident_mib": [[0, 100.0], [5, 101.0]], "kv_slots_in_use_at_end": 0.0}  # fmt: skip
+            "unexpected": [], "memory": memory, "kv_slots_in_use_at_end": 0.0, "failures": []}  # fmt: skip
     _write(results / "soak" / "soak.json", json.dumps(soak))
     gpu = {
         "machine": {**MACHINE, "gpus": ["NVIDIA H100, 81559 MiB"]}, "torch": "2.5", "device": "NVIDIA H100",
@@ -65,8 +73,9 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
     assert "`.venv/bin/python benchmarks/copy_bound.py --workload held.jsonl`" in copy_bound
     assert "- Ran on: Other CPU, 2 cores" in copy_bound and "| task |" in copy_bound
     assert "No run in benchmarks/results/crosscheck/ yet." in crosscheck
-    assert "`.venv/bin/python benchmarks/soak.py --requests 10 --concurrency 2`" in soak_
-    assert "| greedy (text): as expected | 10 |" in soak_ and "0: 100, 5: 101" in soak_
+    assert ("`.venv/bin/python benchmarks/soak.py --requests 10 --concurrency 2 --warmup 4 --sample-every 2`"
+            in soak_)  # fmt: skip
+    assert "| greedy (text): as expected | 10 |" in soak_ and "| edge | +12 | +10 | +2 | +0 |" in soak_
     assert "NVIDIA H100, 81559 MiB" in gpu_check and "| 2 | 11.00 | 1.10x |" in gpu_check
     assert "| 1 | ngram | 100.0 | 50% | 2.00x |" in gpu_check
     assert "`python3 benchmarks/gpu_check.py`" in gpu_check

@@ -1,13 +1,15 @@
 """Triton adapter: the engine tensor contract <-> specdec.triton.llmapi (EAGLE-3, LLM API).
 
 Decoupled, with an async execute: each request is answered (one response, FINAL) when its
-generation ends, while the LLM generates every request it holds in flight."""
+generation ends, while the LLM generates every request it holds in flight. It takes calls that
+carry the server's key (spec_decode's BLS calls; specdec.triton.internal) and refuses others."""
 
 import asyncio
 import json
 
 import triton_python_backend_utils as pb_utils
 
+from specdec.triton.internal import carries_key, key_from_environment, refusal
 from specdec.triton.llmapi import LlmApiEngine, check_request
 from specdec.triton.tensors import (
     InvalidInput,
@@ -30,7 +32,9 @@ def _error(message, code):
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config["parameters"].items()}
+        self.name, self.key = config["name"], key_from_environment()
         self.engine = LlmApiEngine.create(json.loads(params["llm_options"]), warn=pb_utils.Logger.log_warn)
 
     async def execute(self, requests):
@@ -39,6 +43,9 @@ class TritonPythonModel:
     async def _serve(self, request):
         sender = request.get_response_sender()
         requested = set(request.requested_output_names())
+        if not carries_key(request.parameters(), self.key):
+            sender.send(_error(refusal(self.name), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
+            return
         try:
             parsed = parse_engine_request(request_inputs(request), request.request_id())
             if parsed is None:  # stop: every call is a finished request, nothing to release
