@@ -77,21 +77,31 @@ IN_ENGINE_WEIGHTS = (("medusa", "heads"), ("eagle3", "draft"), ("redrafter", "dr
 
 
 class GpuPlacement(_Strict):
-    """Where one engine runs and how much of the free GPU memory its KV cache may take."""
+    """Where one engine runs and how much of the free GPU memory its KV cache may take. On several
+    nodes (a LeaderWorkerSet group, one pod a node) gpu_ids names one node's GPUs, the same on
+    every node: tp_size * pp_size = nodes * len(gpu_ids)."""
 
     tp_size: Annotated[int, Field(ge=1, le=64)] = 1
     pp_size: Annotated[int, Field(ge=1, le=64)] = 1
     gpu_ids: list[Annotated[int, Field(ge=0)]] = [0]
+    nodes: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="nodes the engine's ranks span, each with the GPUs gpu_ids names (>1: leader mode)"
+    )
     kv_cache_free_gpu_mem_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.gpu_ids)
 
     @model_validator(mode="after")
     def _gpus_match_parallelism(self) -> GpuPlacement:
         if len(set(self.gpu_ids)) != len(self.gpu_ids):
             raise ValueError(f"gpu_ids {self.gpu_ids} names a GPU twice")
-        if len(self.gpu_ids) != self.tp_size * self.pp_size:
+        if self.nodes * len(self.gpu_ids) != self.tp_size * self.pp_size:
+            on = f" on each of {self.nodes} nodes" if self.nodes > 1 else ""
             raise ValueError(
                 f"tp_size * pp_size = {self.tp_size * self.pp_size} GPUs, but gpu_ids names {len(self.gpu_ids)} "
-                f"({self.gpu_ids}); name one GPU per rank"
+                f"({self.gpu_ids}){on}; name one GPU per rank"
             )
         return self
 
@@ -175,6 +185,15 @@ class TrtllmOptions(_Strict):
                 raise ValueError(f"give the `{mode}` section exactly when mode is {mode} (mode is {self.mode})")
         if (self.draft is not None) != (self.mode == "draft_target"):
             raise ValueError("give `draft` (its GPUs and memory) exactly when mode is draft_target")
+        if self.draft is not None and self.draft.nodes != 1:
+            raise ValueError("draft.nodes must be 1: only the target's ranks may span nodes")
+        if self.target.nodes > 1 and self.mode in ("draft_target", "eagle3"):
+            # leader mode: every tensorrt_llm model's executor spans the whole MPI world, so a
+            # second engine (the draft) or the LLM API's own launch (EAGLE-3) does not fit it
+            raise ValueError(
+                f"target.nodes > 1 (leader mode) serves one tensorrt_llm model: not mode {self.mode}; "
+                "use an in-engine mode or ngram"
+            )
         if self.draft is not None:
             shared = sorted(set(self.target.gpu_ids) & set(self.draft.gpu_ids))
             total = self.target.kv_cache_free_gpu_mem_fraction + self.draft.kv_cache_free_gpu_mem_fraction

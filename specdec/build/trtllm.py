@@ -15,6 +15,7 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -400,8 +401,11 @@ def engine_models(profile: Profile) -> dict[str, tuple[Path, dict[str, object]]]
 # --- launch -------------------------------------------------------------------------------------
 def launch_command(profile: Profile, server_argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """Wrap a tritonserver command line for the profile: one MPI rank; with tensorrtllm-backend
-    models in orchestrator mode, so the backend spawns the tp*pp workers of each engine itself."""
+    models in orchestrator mode, so the backend spawns the tp*pp workers of each engine itself.
+    A target on several nodes runs in leader mode instead (leader_command), its group from env."""
     trt = _trt(profile)
+    if trt.target.nodes > 1:
+        return leader_command(profile, server_argv, env)
     env = dict(env)
     argv = ["mpirun", "-n", "1", *server_argv]
     if trt.mode != "eagle3":
@@ -410,3 +414,74 @@ def launch_command(profile: Profile, server_argv: list[str], env: dict[str, str]
         argv += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
         argv += [f"--cuda-memory-pool-byte-size={g}:0" for g in gpus]
     return argv, env
+
+
+# --- leader mode: a target over the nodes of a LeaderWorkerSet group ------------------------------
+RSH_AGENT_ENV = "SPECDEC_MPI_RSH_AGENT"  # how mpirun reaches the other pods; unset: its default (ssh)
+
+
+@dataclass(frozen=True)
+class Group:
+    """The pods of one LeaderWorkerSet group, named as LWS names them: the leader <lws>-<group>
+    (the first label of LWS_LEADER_ADDRESS), its workers <leader>-1 .. <leader>-<size-1>
+    (upstream.LWS_POD_NAMES_WHERE). A pod's hostname is its name, so mpirun, given these, starts
+    the leader's ranks locally and reaches the others through its rsh agent."""
+
+    leader: str
+    size: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Group:
+        """The group of the pod whose environment LWS filled (upstream.LWS_ENV_WHERE)."""
+        address, size = env.get(upstream.LWS_LEADER_ADDRESS), env.get(upstream.LWS_GROUP_SIZE)
+        if not address or not size or not size.isdigit() or int(size) < 1:
+            raise ProfileError(
+                f"leader mode runs in a LeaderWorkerSet's leader pod: {upstream.LWS_LEADER_ADDRESS}={address!r} and "
+                f"{upstream.LWS_GROUP_SIZE}={size!r} are not a group (deploy/kubernetes/overlays/gpu-multinode)"
+            )
+        return cls(address.split(".", 1)[0], int(size))
+
+    def hosts(self) -> list[str]:
+        """The group's pods, leader first: the order of the ranks, node by node."""
+        return [self.leader, *(f"{self.leader}-{i}" for i in range(1, self.size))]
+
+
+def _rank_argv(server_argv: list[str], rank: int, engines: list[str]) -> list[str]:
+    """One rank's tritonserver (upstream.LEADER_RANK_WHERE): rank 0 the server as specdec serve
+    runs it; the others load only the engine models, in explicit control (LEADER_WORKER_WHERE);
+    every rank with its own shared-memory prefix (LEADER_RANK_FLAGS_WHERE)."""
+    argv = list(server_argv)
+    if rank:
+        argv = [a for a in argv if not a.startswith("--model-control-mode=")]
+        argv += [*upstream.LEADER_WORKER_FLAGS, *(upstream.LEADER_LOAD_MODEL.format(name) for name in engines)]
+    argv += [flag.format(rank) for flag in upstream.LEADER_RANK_FLAGS if flag.format(rank) not in argv]
+    return argv
+
+
+def leader_command(
+    profile: Profile, server_argv: list[str], env: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment the leader pod of a LeaderWorkerSet group runs for a target on
+    target.nodes nodes: one mpirun over the group's pods, gpus_per_node slots each, one
+    tritonserver per rank of the target engine (tp_size * pp_size), rank 0 serving and the others
+    executing (TensorRT-LLM's leader mode, upstream.LEADER_MODE_DOC_WHERE). The orchestrator's
+    variables are removed: set, they would switch the backend out of leader mode. A pure function
+    of its arguments; raises ProfileError when env is not a group of target.nodes pods."""
+    trt = _trt(profile)
+    placement = trt.target
+    group = Group.from_env(env)
+    if group.size != placement.nodes:
+        raise ProfileError(
+            f"{profile.name}: target.nodes is {placement.nodes} but the LeaderWorkerSet group has {group.size} pods: "
+            "set the LeaderWorkerSet's size to target.nodes"
+        )
+    engines = [name for name, (template, _) in engine_models(profile).items() if template.name == "engine"]
+    argv = list(upstream.LEADER_MPIRUN)
+    if env.get(RSH_AGENT_ENV):
+        argv += [*upstream.MPI_RSH_AGENT_PARAM, env[RSH_AGENT_ENV]]
+    argv += ["--host", ",".join(f"{host}:{placement.gpus_per_node}" for host in group.hosts())]
+    for rank in range(placement.tp_size * placement.pp_size):
+        argv += [":"] if rank else []
+        argv += ["-n", "1", *_rank_argv(server_argv, rank, engines)]
+    environment = {k: v for k, v in env.items() if k not in upstream.ORCHESTRATOR_ENV}
+    return argv, environment

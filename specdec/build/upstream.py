@@ -685,3 +685,86 @@ TRITON_OPENAI_USAGE_WHERE = _frontend("engine/utils/triton.py", "265-275")
 TRITON_OPENAI_MODELS_WHERE = _frontend("engine/triton_engine.py", "395-425")
 # it runs tritonserver in its own process (the in-process Python API), in place of the server binary
 TRITON_OPENAI_IN_PROCESS_WHERE = _frontend("main.py", "203-204")
+
+
+# --- leader mode: one engine's ranks over several nodes (a LeaderWorkerSet group) ------------------
+# scripts/launch_triton_server.py, read at V019 and in TensorRT-LLM's stored triton_backend copy
+# (LAUNCH_TL; the same lines shifted by its added --trtllm_llmapi_launch and --exit_timeout).
+LAUNCH_TL = "0b06796b2c7895930fecff48a1e205ab14a19c51"
+
+
+def _launch(v019: str, tl: str) -> tuple[Where, Where]:
+    return (
+        Where(BACKEND_REPO, "scripts/launch_triton_server.py", V019, v019),
+        Where(TRTLLM_REPO, "triton_backend/scripts/launch_triton_server.py", LAUNCH_TL, tl),
+    )
+
+
+# one mpirun, then per rank `-n 1 <tritonserver> --model-repository=<repo> ...`, ranks separated by ":"
+LEADER_MPIRUN = ("mpirun", "--allow-run-as-root")
+LEADER_MPIRUN_WHERE = _launch("157-158", "180-181")
+LEADER_RANK_WHERE = _launch("162-165, 194-195", "185-190, 221-222")
+# ranks other than 0 load only the tensorrt_llm model(s), each named, in explicit control mode
+LEADER_WORKER_FLAGS = ("--model-control-mode=explicit",)
+LEADER_LOAD_MODEL = "--load-model={}"
+LEADER_WORKER_WHERE = _launch("173-178", "200-205")
+# every rank: no auto-completed configs, and its own prefix for the Python backend's shared memory
+LEADER_RANK_FLAGS = ("--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix{}_")
+LEADER_RANK_FLAGS_WHERE = _launch("190-193", "217-220")
+# TRTLLM_ORCHESTRATOR is set only with --multi-model (with spawning, world size must be 1); without
+# it the backend stays in its default communication mode, leader mode (model_instance_state.cc)
+ORCHESTRATOR_ENV = ("TRTLLM_ORCHESTRATOR", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES")
+MULTI_MODEL_WHERE = _launch("217-221", "244-248")
+LEADER_MODE_WHERE = Where(BACKEND_REPO, "inflight_batcher_llm/src/model_instance_state.cc", V019, "247-262")
+# leader mode: rank 0 serves; the others never return from TRITONBACKEND_ModelInstanceInitialize
+# (so their endpoints never open); orchestrator mode's spawning is single-node only
+LEADER_MODE_DOC_WHERE = Where(BACKEND_REPO, "README.md", "v1.0.0", "484-513")
+# a rank's GPU is deviceIds[rank % len(deviceIds)]: gpu_device_ids lists one node's GPUs, ranks
+# placed node by node (read at a copy older than 1.0)
+RANK_DEVICE_WHERE = Where(
+    TRTLLM_REPO, "cpp/include/tensorrt_llm/runtime/worldConfig.h", "14e801da3632eb71367b847e335c4f2b09098651",
+    "getDevice()",
+)  # fmt: skip
+
+# --- LeaderWorkerSet (kubernetes-sigs/lws) ----------------------------------------------------------
+LWS_REPO = "kubernetes-sigs/lws"
+LWS_TAG = "v0.10.0"
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_CRD = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+
+
+def _lws(path: str, lines: str) -> Where:
+    return Where(LWS_REPO, path, LWS_TAG, lines)
+
+
+# injected into every container of a group: "<lws>-<group index>.<subdomain>.<namespace>", the size
+LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX = "LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"
+LWS_ENV_WHERE = _lws("api/leaderworkerset/v1/leaderworkerset_types.go", "65-75")
+LWS_ENV_VALUES_WHERE = _lws("pkg/utils/pod/pod_utils.go", "143-157")
+# the leader pod is <lws>-<group index> (worker index 0); workers <leader pod>-<i>, i = 1 .. size-1,
+# from a StatefulSet named after the leader, ordinals from 1, under the headless service <lws>
+LWS_POD_NAMES_WHERE = (
+    _lws("api/leaderworkerset/v1/leaderworkerset_types.go", "105-110"),
+    _lws("pkg/controllers/pod_controller.go", "432-444"),
+    _lws("pkg/controllers/leaderworkerset_controller.go", "846-848"),
+)
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" on leaders
+LWS_LABELS_WHERE = (
+    _lws("api/leaderworkerset/v1/leaderworkerset_types.go", "43-45"),
+    _lws("pkg/controllers/leaderworkerset_controller.go", "793-797"),
+)
+# the scale subresource (spec.replicas: groups) and its selector, the leaders: an HPA reads the leaders'
+LWS_SCALE_WHERE = (
+    _lws("api/leaderworkerset/v1/leaderworkerset_types.go", "418"),
+    _lws("pkg/controllers/leaderworkerset_controller.go", "541-546"),
+)
+LWS_RESTART_POLICIES = ("Default", "RecreateGroupOnPodRestart", "RecreateGroupAfterStart", "None")
+LWS_RESTART_WHERE = _lws("api/leaderworkerset/v1/leaderworkerset_types.go", "167-173")
+LWS_SCHEMA_WHERE = _lws(LWS_CRD, "37-17813")  # openAPIV3Schema; tests/unit/deploy/schemas/leaderworkerset.yaml
+# lws's own TensorRT-LLM example: the leader's mpirun reaches the worker pods through an rsh agent
+# that runs `kubectl exec` (-mca plm_rsh_agent, --host <pod>:<slots>), needing pods/exec; the workers
+# run nothing but a wait
+LWS_TRTLLM_MPIRUN_WHERE = _lws("docs/examples/tensorrt-llm/build/server.py", "203-262")
+LWS_TRTLLM_WORKER_WHERE = _lws("docs/examples/tensorrt-llm/build/server.py", "272-277")
+LWS_TRTLLM_RBAC_WHERE = _lws("docs/examples/tensorrt-llm/rbac.yaml", "15-37")
+MPI_RSH_AGENT_PARAM = ("-mca", "plm_rsh_agent")

@@ -1,7 +1,7 @@
 """deploy/kubernetes: every overlay renders with plain `kubectl kustomize`; every object it renders
 validates strictly (an unknown field fails) against the Kubernetes 1.33 API schemas that
-kubernetes-validate ships, the ServiceMonitor against a schema written from the Prometheus
-Operator's CRD (schemas/servicemonitor.yaml); and the rendered objects keep what a production
+kubernetes-validate ships, the ServiceMonitor and the LeaderWorkerSet against schemas written from
+their CRDs (schemas/); and the rendered objects keep what a production
 deployment of this server needs, each checked against the profile the overlay serves and the code
 it relies on (the drain's timings, the probes' script, the build's step markers)."""
 
@@ -26,13 +26,18 @@ import referencing
 import yaml
 from unit.deploy import promql
 
+from specdec.build import upstream
 from specdec.config import REPO_ROOT, load_profile, parse_profile
 from specdec.triton.serve import TritonServer
 
 K8S_VERSION = "1.33"
 KUSTOMIZE = REPO_ROOT / "deploy" / "kubernetes"
-OVERLAYS = ["cpu-embedded", "gpu-draft-target", "gpu-eagle3", "gpu-tp2"]
-GPU_OVERLAYS = [name for name in OVERLAYS if name.startswith("gpu-")]
+OVERLAYS = ["cpu-embedded", "gpu-draft-target", "gpu-eagle3", "gpu-multinode", "gpu-tp2"]
+MULTINODE = "gpu-multinode"  # a LeaderWorkerSet (kubernetes-sigs/lws) where the others have a Deployment
+DEPLOYMENT_OVERLAYS = [name for name in OVERLAYS if name != MULTINODE]
+GPU_OVERLAYS = [name for name in DEPLOYMENT_OVERLAYS if name.startswith("gpu-")]
+CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.yaml",
+               ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset.yaml"}  # fmt: skip
 IMAGE_USER = 10001  # the Dockerfile's `useradd --uid`
 PROFILE_PATH = "/opt/specdec/configs/deployed.yaml"
 HEALTHCHECK = "/opt/specdec/docker/healthcheck.py"
@@ -62,6 +67,16 @@ def server_container(deployment: dict) -> dict:
     return container
 
 
+def pod_specs(objects: list[dict]) -> list[tuple[str, dict]]:
+    """Every pod the overlay's workloads run, by role: a Deployment's or Job's, or a
+    LeaderWorkerSet's leader and worker."""
+    pods = [(o["kind"], o["spec"]["template"]["spec"]) for o in objects if o["kind"] in ("Deployment", "Job")]
+    for group in [o for o in objects if o["kind"] == "LeaderWorkerSet"]:
+        template = group["spec"]["leaderWorkerTemplate"]
+        pods += [("leader", template["leaderTemplate"]["spec"]), ("worker", template["workerTemplate"]["spec"])]
+    return pods
+
+
 def env(container: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container.get("env", [])}
 
@@ -82,20 +97,21 @@ def test_the_overlays_are_the_documented_ones():
 
 
 @functools.cache
-def _servicemonitor_validator() -> jsonschema.Draft202012Validator:
+def _crd_validator(name: str) -> jsonschema.Draft202012Validator:
     schemas = importlib_resources.files("kubernetes_validate") / "kubernetes-json-schema"
     (definitions,) = [d / "_definitions.json" for d in schemas.iterdir() if d.name == f"v{K8S_VERSION}.0-local-strict"]
     registry = referencing.Resource.from_contents(json.loads(definitions.read_text())) @ referencing.Registry()
-    schema = yaml.safe_load((Path(__file__).parent / "schemas" / "servicemonitor.yaml").read_text())
+    schema = yaml.safe_load((Path(__file__).parent / "schemas" / name).read_text())
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
 def schema_errors(obj: dict) -> list[str]:
     """Why `obj` is not a valid object of its kind ([] if it is): strict, unknown fields fail."""
     where = f"{obj['kind']}/{obj['metadata']['name']}"
-    if obj["apiVersion"] == "monitoring.coreos.com/v1" and obj["kind"] == "ServiceMonitor":
-        errors = [f"{where}: {e.json_path}: {e.message}" for e in _servicemonitor_validator().iter_errors(obj)]
-        for endpoint in obj["spec"]["endpoints"]:  # the operator refuses a timeout beyond the interval
+    schema = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    if schema:
+        errors = [f"{where}: {e.json_path}: {e.message}" for e in _crd_validator(schema).iter_errors(obj)]
+        for endpoint in obj["spec"].get("endpoints", []):  # the operator refuses a timeout beyond the interval
             if "scrapeTimeout" in endpoint and _seconds(endpoint["scrapeTimeout"]) > _seconds(endpoint["interval"]):
                 errors.append(f"{where}: scrapeTimeout {endpoint['scrapeTimeout']} > interval {endpoint['interval']}")
         return errors
@@ -131,13 +147,23 @@ def test_the_validation_is_strict():
     endpoint = {**monitor["spec"]["endpoints"][0], "intervall": "15s"}
     assert schema_errors({**monitor, "spec": {**monitor["spec"], "endpoints": [endpoint]}})
     assert not schema_errors(monitor)
+    group = the(render(KUSTOMIZE / "overlays" / MULTINODE), "LeaderWorkerSet")
+    template = {**group["spec"]["leaderWorkerTemplate"], "restartPolicy": "RecreateGroup"}
+    assert schema_errors({**group, "spec": {**group["spec"], "leaderWorkerTemplate": template}})
+    pod = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    template = {
+        **group["spec"]["leaderWorkerTemplate"],
+        "workerTemplate": {**pod, "spec": {**pod["spec"], "node": "x"}},
+    }
+    assert schema_errors({**group, "spec": {**group["spec"], "leaderWorkerTemplate": template}})
+    assert not schema_errors(group)
 
 
 # --- profiles -------------------------------------------------------------------------------------
 def _profile_files() -> dict[Path, str]:
     """Each overlay's profile file by the key it is generated under."""
     files = {}
-    for overlay in OVERLAYS:
+    for overlay in DEPLOYMENT_OVERLAYS:
         kustomization = yaml.safe_load((KUSTOMIZE / "overlays" / overlay / "kustomization.yaml").read_text())
         for generator in kustomization.get("configMapGenerator", []):
             for entry in generator.get("files", []):
@@ -148,7 +174,7 @@ def _profile_files() -> dict[Path, str]:
 
 def test_each_overlay_serves_one_profile_under_one_key():
     files = _profile_files()
-    assert sorted(p.parent.name for p in files) == OVERLAYS and set(files.values()) == {"profile.yaml"}
+    assert sorted(p.parent.name for p in files) == DEPLOYMENT_OVERLAYS and set(files.values()) == {"profile.yaml"}
 
 
 def test_profile_copies_are_identical_to_configs():
@@ -175,7 +201,7 @@ def test_the_tp2_profile_is_draft_target_on_two_gpus():
 
 
 # --- the server's pod -----------------------------------------------------------------------------
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", DEPLOYMENT_OVERLAYS)
 def test_the_profile_is_mounted_where_the_server_and_probes_read_it(overlay):
     objects = render(KUSTOMIZE / "overlays" / overlay)
     profile = profile_of(objects)
@@ -195,7 +221,7 @@ def test_the_profile_is_mounted_where_the_server_and_probes_read_it(overlay):
     assert any(build.is_relative_to(m["mountPath"]) and not m.get("readOnly") for m in server["volumeMounts"])
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", DEPLOYMENT_OVERLAYS)
 def test_probes_follow_the_supervisor(overlay):
     objects = render(KUSTOMIZE / "overlays" / overlay)
     profile = profile_of(objects)
@@ -211,7 +237,7 @@ def test_probes_follow_the_supervisor(overlay):
     assert server["readinessProbe"]["periodSeconds"] <= 10
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", DEPLOYMENT_OVERLAYS)
 def test_a_stopping_replica_drains_before_it_is_killed(overlay):
     deployment = the(render(KUSTOMIZE / "overlays" / overlay), "Deployment")
     drain = inspect.signature(TritonServer.drain).parameters
@@ -229,12 +255,12 @@ def test_a_stopping_replica_drains_before_it_is_killed(overlay):
 def test_every_container_runs_without_root_or_privileges(overlay):
     assert f"--uid {IMAGE_USER}" in (REPO_ROOT / "Dockerfile").read_text()
     objects = render(KUSTOMIZE / "overlays" / overlay)
-    for workload in [o for o in objects if o["kind"] in ("Deployment", "Job")]:
-        pod = workload["spec"]["template"]["spec"]
+    for where, pod in pod_specs(objects):
         security = pod["securityContext"]
         assert security["runAsUser"] == IMAGE_USER and security["runAsNonRoot"] is True
         assert security["seccompProfile"]["type"] == "RuntimeDefault"
-        assert pod["automountServiceAccountToken"] is False
+        # only a multi-node leader talks to the API server: its mpirun execs into the workers
+        assert pod["automountServiceAccountToken"] is (where == "leader"), where
         for container in containers(pod):
             own = container["securityContext"]
             assert own["allowPrivilegeEscalation"] is False, container["name"]
@@ -248,8 +274,7 @@ def test_every_container_runs_without_root_or_privileges(overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_shared_memory_and_resources(overlay):
     objects = render(KUSTOMIZE / "overlays" / overlay)
-    for workload in [o for o in objects if o["kind"] in ("Deployment", "Job")]:
-        pod = workload["spec"]["template"]["spec"]
+    for _, pod in pod_specs(objects):
         volumes = {v["name"]: v for v in pod["volumes"]}
         for container in containers(pod):
             resources = container["resources"]
@@ -268,7 +293,7 @@ def _bytes(quantity: str) -> float:
     return float(number) * 1024 ** (" KMGT".index(unit[0]) if unit else 0)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", DEPLOYMENT_OVERLAYS)
 def test_gpus_are_one_per_rank(overlay):
     objects = render(KUSTOMIZE / "overlays" / overlay)
     profile = profile_of(objects)
@@ -286,7 +311,7 @@ def test_gpus_are_one_per_rank(overlay):
     assert (overlay in GPU_OVERLAYS) == (profile.backend == "tensorrtllm")
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", DEPLOYMENT_OVERLAYS)
 def test_the_service_exposes_the_profiles_ports(overlay):
     objects = render(KUSTOMIZE / "overlays" / overlay)
     profile = profile_of(objects)
@@ -307,7 +332,7 @@ def test_the_service_exposes_the_profiles_ports(overlay):
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", DEPLOYMENT_OVERLAYS)
 def test_the_autoscaler_scales_on_the_servers_load(overlay):
     objects = render(KUSTOMIZE / "overlays" / overlay)
     profile = profile_of(objects)
@@ -405,3 +430,119 @@ def test_the_cpu_image_adds_the_embedded_model_at_the_pinned_versions():
     assert server_container(the(render(KUSTOMIZE / "overlays" / "cpu-embedded"), "Deployment"))["image"] == (
         "specdec:embedded"
     )
+
+
+# --- a target larger than one node: a LeaderWorkerSet ------------------------------------------------
+MULTINODE_PROFILE = KUSTOMIZE / "overlays" / MULTINODE / "server" / "llama3.1-8b-ngram-2node.yaml"
+
+
+def test_the_multinode_profile_is_ngram_over_two_nodes():
+    variant = yaml.safe_load(MULTINODE_PROFILE.read_text())
+    original = yaml.safe_load((REPO_ROOT / "configs" / "llama3.1-8b-ngram.yaml").read_text())
+    assert variant["trtllm"]["target"] == original["trtllm"]["target"] | {"tp_size": 2, "nodes": 2}
+    trtllm = {**variant["trtllm"], "target": original["trtllm"]["target"]}
+    same = {**variant, "trtllm": trtllm, "name": original["name"], "description": original["description"]}
+    assert same | {"build_dir": original["build_dir"]} == original
+    assert variant["build_dir"] == f"/engines/{variant['name']}"
+    load_profile(MULTINODE_PROFILE)  # valid
+
+
+def _group(objects: list[dict]) -> tuple[dict, dict, dict]:
+    group = the(objects, "LeaderWorkerSet")
+    template = group["spec"]["leaderWorkerTemplate"]
+    return group, template["leaderTemplate"], template["workerTemplate"]
+
+
+def test_a_group_is_the_targets_nodes_one_pod_each():
+    objects = render(KUSTOMIZE / "overlays" / MULTINODE)
+    profile = profile_of(objects)
+    placement = profile.trtllm.target
+    group, leader, worker = _group(objects)
+    assert not [o for o in objects if o["kind"] == "Deployment"]
+    assert group["apiVersion"] == upstream.LWS_API
+    assert group["spec"]["leaderWorkerTemplate"]["size"] == placement.nodes > 1
+    # one lost rank stops the engine: the group restarts whole
+    assert group["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert "RecreateGroupOnPodRestart" in upstream.LWS_RESTART_POLICIES
+    for pod in (leader, worker):
+        (server,) = [c for c in pod["spec"]["containers"] if c["name"] == "specdec"]
+        gpus = {kind: server["resources"][kind]["nvidia.com/gpu"] for kind in ("requests", "limits")}
+        assert gpus == {"requests": str(placement.gpus_per_node), "limits": str(placement.gpus_per_node)}
+        # the profile where the server and the ranks read it, the build folder on the pod's own volume
+        assert env(server)["SPECDEC_PROFILE"] == PROFILE_PATH
+        build = Path(profile.build_dir)
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        (mount,) = [m for m in server["volumeMounts"] if build.is_relative_to(m["mountPath"])]
+        assert "emptyDir" in volumes[mount["name"]] and not mount.get("readOnly")
+
+
+def test_the_leader_serves_and_reaches_the_workers():
+    from specdec.build import trtllm
+
+    objects = render(KUSTOMIZE / "overlays" / MULTINODE)
+    profile = profile_of(objects)
+    group, leader, _ = _group(objects)
+    (server,) = leader["spec"]["containers"]
+    assert "command" not in server  # the image's entrypoint: specdec build, then specdec serve
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["exec"]["command"][1] == HEALTHCHECK
+    # mpirun's rsh agent: the overlay's script, executable, from the generated ConfigMap
+    agent = Path(env(server)[trtllm.RSH_AGENT_ENV])
+    (mount,) = [m for m in server["volumeMounts"] if agent.is_relative_to(m["mountPath"])]
+    volume = {v["name"]: v for v in leader["spec"]["volumes"]}[mount["name"]]["configMap"]
+    assert volume["defaultMode"] == 0o555
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["name"]]
+    script = configmap["data"][agent.name]
+    assert script == (KUSTOMIZE / "overlays" / MULTINODE / agent.name).read_text() and "kubectl exec" in script
+    # ... which may exec into the group's pods, under the leader's own service account
+    account = leader["spec"]["serviceAccountName"]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding" and {"kind": "ServiceAccount", "name": account}
+                  in o["subjects"]]  # fmt: skip
+    role = the(objects, "Role", binding["roleRef"]["name"])
+    grants = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+    assert grants == {("pods", "get"), ("pods/exec", "create")}
+    # what the leader then runs, with the variables LWS gives group 0 of this LeaderWorkerSet
+    name = group["metadata"]["name"]
+    lws_env = {upstream.LWS_LEADER_ADDRESS: f"{name}-0.{name}.default", upstream.LWS_GROUP_SIZE: "2"}
+    argv, _ = trtllm.launch_command(profile, ["tritonserver"], {**env(server), **lws_env})
+    assert argv[argv.index("--host") + 1] == f"{name}-0:1,{name}-0-1:1"
+    assert [*upstream.MPI_RSH_AGENT_PARAM, str(agent)] == argv[argv.index("-mca") : argv.index("-mca") + 3]
+
+
+def test_the_workers_hold_the_repository_and_wait():
+    objects = render(KUSTOMIZE / "overlays" / MULTINODE)
+    profile = profile_of(objects)
+    _, leader, worker = _group(objects)
+    (server,) = worker["spec"]["containers"]
+    assert server["command"] == ["sleep", "infinity"]  # mpirun starts its ranks through the agent
+    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(server)
+    assert worker["spec"].get("serviceAccountName") is None
+    # the engines linked and the repository rendered at the leader's path, which every rank loads
+    inits = {c["name"]: c for c in worker["spec"]["initContainers"]}
+    assert list(inits) == ["link-engines", "render-repository"]
+    assert inits["render-repository"]["command"] == [
+        "python3", "-m", "specdec.cli", "build", "--profile", PROFILE_PATH, "--render-only"
+    ]  # fmt: skip
+    build = Path(profile.build_dir)
+    for container in (inits["link-engines"], inits["render-repository"], server):
+        (mount,) = [m for m in container["volumeMounts"] if build.is_relative_to(m["mountPath"])]
+        assert mount["name"] == "engines", container["name"]
+    assert worker["spec"]["volumes"] == leader["spec"]["volumes"][: len(worker["spec"]["volumes"])]
+
+
+def test_clients_metrics_and_the_autoscaler_see_the_leaders():
+    objects = render(KUSTOMIZE / "overlays" / MULTINODE)
+    group, leader, _ = _group(objects)
+    service = the(objects, "Service")
+    selector = dict(service["spec"]["selector"])
+    assert selector.pop(upstream.LWS_WORKER_INDEX_LABEL) == "0"  # LWS labels its leaders so
+    assert selector.items() <= leader["metadata"]["labels"].items()
+    monitor = the(objects, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (server,) = leader["spec"]["containers"]
+    assert {p["name"] for p in server["ports"]} == {p["targetPort"] for p in service["spec"]["ports"]}
+    hpa = the(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": upstream.LWS_API, "kind": "LeaderWorkerSet", "name": group["metadata"]["name"]
+    }  # fmt: skip
+    assert "replicas" not in group["spec"]  # the autoscaler's (groups), through the scale subresource
