@@ -29,6 +29,8 @@ DOC = BENCHMARKS.parent / "docs" / "performance.md"
 PYTHON = ".venv/bin/python"
 TARGETS_CONCURRENCY = (1, 2, 4, 8, 16, 32)  # targets.py's CONCURRENCY: its default --concurrency
 CROSSCHECK_DEFAULTS = {"requests": 4, "max_tokens": 96}  # crosscheck.py's --requests and --max-tokens
+# soak.py's --max-tokens, --warmup, --sample-every and --max-slope
+SOAK_DEFAULTS = {"max_tokens": 48, "warmup_requests": 400, "sample_every": 20, "max_slope_bytes_per_request": 1024}
 
 MACHINE_LINE = re.compile(r"^Machine: (.+?)\.(?:\s|$)", re.MULTILINE)
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
@@ -228,6 +230,13 @@ def soak(section: Section) -> None:
         return
     report = json.loads(report_path.read_text())
     argv += ["--requests", str(report["requests"]), "--concurrency", str(report["concurrency"])]
+    memory = report["memory"]
+    if report["max_tokens"] != SOAK_DEFAULTS["max_tokens"]:
+        argv += ["--max-tokens", str(report["max_tokens"])]
+    for flag, key in (("--warmup", "warmup_requests"), ("--sample-every", "sample_every"),
+                      ("--max-slope", "max_slope_bytes_per_request")):  # fmt: skip
+        if memory[key] != SOAK_DEFAULTS[key]:
+            argv += [flag, f"{memory[key]:g}"]
     command = code(argv)
     skipped = report["outcomes"].get("skipped (time bound)")
     if skipped:
@@ -237,18 +246,33 @@ def soak(section: Section) -> None:
     else:  # a run from before soak.py stored its machine: the note beside it
         noted = machine_in(section.folder / "machine.md")
         machine = noted and f"{noted} (not in soak.json: recorded afterwards in machine.md)"
-    section.fields(command, machine, ["soak.json", "machine.md"])
+    section.fields(command, machine, ["soak.json", "soak.png", "machine.md"])
     outcomes = report["outcomes"]
     section.lines += ["| outcome | requests |", "|---|---|"]
     section.lines += [f"| {outcome} | {count} |" for outcome, count in sorted(outcomes.items())]
-    memory = ", ".join(f"{n}: {mib:.0f}" for n, mib in report["resident_mib"])
     section.lines += [
         "",
         f"{report['requests']} requests, {report['concurrency']} at a time; unexpected outcomes: "
-        f"{len(report['unexpected'])}; KV cache slots in use at the end: {report['kv_slots_in_use_at_end']:.0f}. "
-        f"Resident memory of tritonserver and its stubs (MiB) after n requests (0: after warm-up): {memory}.",
+        f"{len(report['unexpected'])}; KV cache slots in use at the end: {report['kv_slots_in_use_at_end']:.0f}.",
         "",
     ]
+    section.lines += [
+        f"Resident memory by process, in bytes a request: the least-squares slope over the samples after "
+        f"warm-up ({memory['warmup_requests']} requests, a sample every {memory['sample_every']}), "
+        f"at most {memory['max_slope_bytes_per_request']:.0f} in any process "
+        f"({'met' if not report.get('failures') else 'not met: ' + '; '.join(report['failures'])}).",
+        "",
+        "| process | rss | anon | file | shmem |",
+        "|---|---|---|---|---|",
+    ]
+    kinds = ("rss", "anon", "file", "shmem")
+    section.lines += [
+        f"| {name} | {' | '.join(f'{slopes[k]:+.0f}' for k in kinds)} |"
+        for name, slopes in sorted(memory["slopes_bytes_per_request"].items())
+    ]
+    section.lines.append("")
+    if (section.folder / "soak.png").is_file():
+        section.lines += [f"![resident memory by process]({section.link}/soak.png)", ""]
 
 
 def gpu_check(section: Section) -> None:

@@ -27,7 +27,8 @@ def test_the_defaults_it_leaves_out_of_a_command_are_the_scripts():
 
     assert performance.TARGETS_CONCURRENCY == CONCURRENCY
     soak_defaults = soak.parser().parse_args([])
-    given = {"warmup_requests": soak_defaults.warmup, "sample_every": soak_defaults.sample_every,
+    given = {"max_tokens": soak_defaults.max_tokens, "warmup_requests": soak_defaults.warmup,
+             "sample_every": soak_defaults.sample_every,
              "max_slope_bytes_per_request": soak_defaults.max_slope}  # fmt: skip
     assert given == performance.SOAK_DEFAULTS
 
@@ -49,7 +50,8 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
     slopes = {"rss": 12.0, "anon": 10.0, "file": 2.0, "shmem": 0.0}
     memory = {"warmup_requests": 4, "sample_every": 2, "max_slope_bytes_per_request": 1024,
               "slopes_bytes_per_request": {"edge": slopes}, "samples": []}  # fmt: skip
-    soak = {"machine": MACHINE, "requests": 10, "concurrency": 2, "outcomes": {"greedy (text): as expected": 10},
+    soak = {"machine": MACHINE, "requests": 10, "concurrency": 2, "max_tokens": 16,
+            "outcomes": {"greedy (text): as expected": 10},
             "unexpected": [], "memory": memory, "kv_slots_in_use_at_end": 0.0, "failures": []}  # fmt: skip
     _write(results / "soak" / "soak.json", json.dumps(soak))
     gpu = {
@@ -73,7 +75,8 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
     assert "`.venv/bin/python benchmarks/copy_bound.py --workload held.jsonl`" in copy_bound
     assert "- Ran on: Other CPU, 2 cores" in copy_bound and "| task |" in copy_bound
     assert "No run in benchmarks/results/crosscheck/ yet." in crosscheck
-    assert ("`.venv/bin/python benchmarks/soak.py --requests 10 --concurrency 2 --warmup 4 --sample-every 2`"
+    assert ("`.venv/bin/python benchmarks/soak.py --requests 10 --concurrency 2 --max-tokens 16 --warmup 4 "
+            "--sample-every 2`"
             in soak_)  # fmt: skip
     assert "| greedy (text): as expected | 10 |" in soak_ and "| edge | +12 | +10 | +2 | +0 |" in soak_
     assert "NVIDIA H100, 81559 MiB" in gpu_check and "| 2 | 11.00 | 1.10x |" in gpu_check
