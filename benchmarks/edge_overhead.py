@@ -4,10 +4,11 @@ port) and straight to tritonserver's own endpoint behind it, taking turns block 
     .venv/bin/python benchmarks/edge_overhead.py [--blocks 3] [--requests 16] [--concurrency 4]
                                                  [--max-tokens 32]
 
-Starts the embedded profile's server on free ports. Prints, per path, the requests' tokens/s and
-mean time to first token, and the CPU time the edge process spent per request and per streamed
-response (from its own counters, so other load on the machine does not blur it). Every text
-through the edge must equal the text straight from tritonserver.
+Starts the embedded profile's server on free ports. Prints, and writes to --out
+(benchmarks/results/edge_overhead/edge_overhead.md, with the machine it ran on), per path, the
+requests' tokens/s and mean time to first token, and the CPU time the edge process spent per
+request and per streamed response (from its own counters, so other load on the machine does not
+blur it). Every text through the edge must equal the text straight from tritonserver.
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ import asyncio
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import psutil
+from performance import update as update_performance
 
 from specdec.build import build
 from specdec.client.client import RequestParams, TritonClient
+from specdec.client.machine import describe, summary_line
 from specdec.config import load_profile
 from specdec.triton.serve import Ports, TritonServer
 
+RESULT = Path(__file__).parent / "results" / "edge_overhead" / "edge_overhead.md"
 PROMPTS = ["Count from 1 to 40, one number per line.", "Name ten fruits, one per line.",
            "Write the alphabet in capitals, one letter per line.", "List the planets of the solar system."]  # fmt: skip
 
@@ -44,13 +49,19 @@ async def block(url: str, n: int, concurrency: int, max_tokens: int) -> tuple[li
     return records, time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", type=Path, default=RESULT)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    machine = describe()  # its load averages at the start
     profile = load_profile()
     build(profile)
     with TritonServer(profile, ports=Ports.free()) as server:
@@ -80,14 +91,20 @@ def main(argv: list[str] | None = None) -> int:
         print("the edge's texts differ from tritonserver's own", file=sys.stderr)
         return 1
     n = args.blocks * args.requests
-    print(f"{args.blocks} blocks x {args.requests} requests, {args.concurrency} at a time, "
-          f"{args.max_tokens} tokens each")  # fmt: skip
+    lines = [f"{args.blocks} blocks x {args.requests} requests, {args.concurrency} at a time, "
+             f"{args.max_tokens} tokens each", ""]  # fmt: skip
+    lines += ["| path | tokens/s, block by block | mean TTFT, ms |", "|---|---|---|"]
     for name, runs in results.items():
         rates, ttfts = zip(*runs, strict=True)
-        print(f"  {name:6s}  tokens/s {' '.join(f'{r:.1f}' for r in rates)}   mean TTFT "
-              f"{' '.join(f'{t * 1000:.0f}' for t in ttfts)} ms")  # fmt: skip
-    print(f"  edge CPU: {edge_cpu / n * 1000:.2f} ms a request, "
-          f"{edge_cpu / responses * 1000:.3f} ms a streamed response")  # fmt: skip
+        lines.append(f"| {name} | {' '.join(f'{r:.1f}' for r in rates)} | "
+                     f"{' '.join(f'{t * 1000:.0f}' for t in ttfts)} |")  # fmt: skip
+    lines += ["", f"Edge CPU: {edge_cpu / n * 1000:.2f} ms a request, {edge_cpu / responses * 1000:.3f} ms a "
+              "streamed response.", "", f"Machine: {summary_line(machine)}."]  # fmt: skip
+    report = "\n".join(lines) + "\n"
+    print(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report)
+    update_performance(args.out.parent)
     return 0
 
 

@@ -29,6 +29,10 @@ DOC = BENCHMARKS.parent / "docs" / "performance.md"
 PYTHON = ".venv/bin/python"
 TARGETS_CONCURRENCY = (1, 2, 4, 8, 16, 32)  # targets.py's CONCURRENCY: its default --concurrency
 CROSSCHECK_DEFAULTS = {"requests": 4, "max_tokens": 96}  # crosscheck.py's --requests and --max-tokens
+# draft_length.py's --lengths, --num-requests and --max-tokens
+DRAFT_LENGTH_DEFAULTS = {"lengths": "5,8,12,15", "num_requests": 16, "max_tokens": 128}
+# edge_overhead.py's --blocks, --requests, --concurrency and --max-tokens
+EDGE_DEFAULTS = {"blocks": 3, "requests": 16, "concurrency": 4, "max_tokens": 32}
 # soak.py's --max-tokens, --warmup, --sample-every and --max-slope
 SOAK_DEFAULTS = {"max_tokens": 48, "warmup_requests": 400, "sample_every": 20, "max_slope_bytes_per_request": 1024}
 
@@ -222,6 +226,41 @@ def crosscheck(section: Section) -> None:
     section.copy("crosscheck.md")
 
 
+def draft_length(section: Section) -> None:
+    argv = [PYTHON, "benchmarks/draft_length.py"]
+    report_path = section.folder / "draft_length.json"
+    if not report_path.is_file():
+        section.absent(code(argv))
+        return
+    rows = json.loads(report_path.read_text())["rows"]
+    given = {"lengths": ",".join(sorted({r["arm"].split(":")[1] for r in rows if ":" in r["arm"]}, key=int)),
+             "num_requests": int(rows[0]["requests"]), "max_tokens": None}  # fmt: skip
+    m = re.match(r"One user, (\d+) tokens at most", (section.folder / "draft_length.md").read_text())
+    given["max_tokens"] = int(m[1]) if m else DRAFT_LENGTH_DEFAULTS["max_tokens"]
+    for key, value in given.items():
+        if value != DRAFT_LENGTH_DEFAULTS[key]:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    section.fields(code(argv), machine_in(section.folder / "draft_length.md"), ["draft_length.md", "draft_length.json"])
+    section.copy("draft_length.md")
+    if (section.folder / "draft_length.png").is_file():
+        section.lines += [f"![speedup by cap]({section.link}/draft_length.png)", ""]
+
+
+def edge_overhead(section: Section) -> None:
+    argv = [PYTHON, "benchmarks/edge_overhead.py"]
+    report_path = section.folder / "edge_overhead.md"
+    if not report_path.is_file():
+        section.absent(code(argv))
+        return
+    m = re.match(r"(\d+) blocks x (\d+) requests, (\d+) at a time, (\d+) tokens each", report_path.read_text())
+    if m:
+        for (key, default), value in zip(EDGE_DEFAULTS.items(), m.groups(), strict=True):
+            if int(value) != default:
+                argv += [f"--{key.replace('_', '-')}", value]
+    section.fields(code(argv), machine_in(report_path), ["edge_overhead.md"])
+    section.copy("edge_overhead.md")
+
+
 def soak(section: Section) -> None:
     argv = [PYTHON, "benchmarks/soak.py"]
     report_path = section.folder / "soak.json"
@@ -318,6 +357,8 @@ SECTIONS: tuple[tuple[str, str, Callable[[Section], None]], ...] = (
     ("copy_bound", "Copy bound: how far prompt lookup can go", copy_bound),
     ("crosscheck", "Crosscheck: the load generator against curl", crosscheck),
     ("soak", "Soak", soak),
+    ("draft_length", "Draft length: the default cap on drafts", draft_length),
+    ("edge_overhead", "Edge overhead: what the server's edge costs", edge_overhead),
     ("gpu_check", "GPU check", gpu_check),
 )
 

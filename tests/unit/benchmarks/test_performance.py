@@ -31,6 +31,16 @@ def test_the_defaults_it_leaves_out_of_a_command_are_the_scripts():
              "sample_every": soak_defaults.sample_every,
              "max_slope_bytes_per_request": soak_defaults.max_slope}  # fmt: skip
     assert given == performance.SOAK_DEFAULTS
+    import draft_length
+    import edge_overhead
+
+    lengths = draft_length.parser().parse_args([])
+    given = {"lengths": lengths.lengths, "num_requests": lengths.num_requests, "max_tokens": lengths.max_tokens}
+    assert given == performance.DRAFT_LENGTH_DEFAULTS
+    edge = edge_overhead.parser().parse_args([])
+    given = {"blocks": edge.blocks, "requests": edge.requests, "concurrency": edge.concurrency,
+             "max_tokens": edge.max_tokens}  # fmt: skip
+    assert given == performance.EDGE_DEFAULTS
 
 
 def _write(path, text: str) -> None:
@@ -54,6 +64,9 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
             "outcomes": {"greedy (text): as expected": 10},
             "unexpected": [], "memory": memory, "kv_slots_in_use_at_end": 0.0, "failures": []}  # fmt: skip
     _write(results / "soak" / "soak.json", json.dumps(soak))
+    rows = [{"arm": arm, "requests": "8"} for arm in ("baseline", "ngram:4", "ngram:12")]
+    _write(results / "draft_length" / "draft_length.json", json.dumps({"machine": MACHINE, "rows": rows}))
+    _write(results / "draft_length" / "draft_length.md", "One user, 128 tokens at most.\n\nMachine: Test CPU.\n")
     gpu = {
         "machine": {**MACHINE, "gpus": ["NVIDIA H100, 81559 MiB"]}, "torch": "2.5", "device": "NVIDIA H100",
         "dtype": "torch.bfloat16", "seconds": 120.0,
@@ -66,7 +79,7 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
     _write(results / "gpu_check" / "gpu_check.json", json.dumps(gpu))
 
     text = render(results, doc)
-    targets, readme, copy_bound, crosscheck, soak_, gpu_check = text.split("\n## ")[1:]
+    targets, readme, copy_bound, crosscheck, soak_, draft_length, edge, gpu_check = text.split("\n## ")[1:]
     assert ("`.venv/bin/python benchmarks/targets.py --grounded mine.jsonl --concurrency 1 --temperature 0.7 "
             "--top-p 0.9`") in targets  # fmt: skip
     assert "- Ran on: Test CPU, 4 cores, 8.0 GiB, no GPU, 1-minute load average 0.5 when written" in targets
@@ -79,6 +92,9 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
             "--sample-every 2`"
             in soak_)  # fmt: skip
     assert "| greedy (text): as expected | 10 |" in soak_ and "| edge | +12 | +10 | +2 | +0 |" in soak_
+    assert "`.venv/bin/python benchmarks/draft_length.py --lengths 4,12 --num-requests 8`" in draft_length
+    assert "- Ran on: Test CPU" in draft_length
+    assert "No run in benchmarks/results/edge_overhead/ yet." in edge
     assert "NVIDIA H100, 81559 MiB" in gpu_check and "| 2 | 11.00 | 1.10x |" in gpu_check
     assert "| 1 | ngram | 100.0 | 50% | 2.00x |" in gpu_check
     assert "`python3 benchmarks/gpu_check.py`" in gpu_check
