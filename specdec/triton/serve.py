@@ -48,6 +48,16 @@ IN_FLIGHT = ("specdec_requests_running{", "specdec_requests_queued{")  # spec_de
 MALLOC_SETTINGS = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
 
+def terminate(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, and SIGKILL if the process has not exited within `timeout` seconds; reaped."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class ServerError(RuntimeError):
     pass
 
@@ -368,12 +378,7 @@ class TritonServer:
             process = getattr(self, attr)
             setattr(self, attr, None)
             if process is not None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                terminate(process, timeout=10)
         if self.internal is not None:  # this start's key dies with it
             access_path(self.profile.build_path(), self.ports.grpc).unlink(missing_ok=True)
         proc, self.process = self.process, None

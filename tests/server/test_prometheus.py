@@ -24,7 +24,7 @@ from support.servers import wait_for
 from unit.deploy import promql
 
 from specdec.cli import main
-from specdec.triton.serve import free_port
+from specdec.triton.serve import free_port, terminate
 
 pytestmark = pytest.mark.server
 
@@ -99,12 +99,7 @@ def prometheus(server, tmp_path_factory):
         assert started and process.poll() is None, f"Prometheus did not start:\n{prom.log.read_text()[-3000:]}"
         yield prom
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, timeout=15)
 
 
 def _finished_requests(metrics: str) -> float:
