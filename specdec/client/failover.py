@@ -122,8 +122,8 @@ def run_failover(cluster: ClusterInfo, profile: Profile, output_dir: Path, reque
         if done >= max(2, requests // 4) and mine is not None and mine[1] >= 1 and (pid := target.tritonserver_pid()):
             report.served_before_kill = {name: n[0] - (before[name] or (0, 0))[0] for name, n in now.items() if n}
             report.victim_in_flight = mine[1]
+            kill_at = time.perf_counter()  # read before the signal: the bench's thread may see it first
             os.kill(pid, signal.SIGKILL)
-            kill_at = time.perf_counter()
             say(f"killed {target.name}'s tritonserver (pid {pid}) with {mine[1]:.0f} of its requests in flight, "
                 f"{done:.0f} requests done")  # fmt: skip
             break
