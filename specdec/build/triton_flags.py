@@ -191,6 +191,11 @@ HTTP_RESTRICTED_STATUS = 403
 HTTP_RESTRICTED_ERROR = "This API is restricted, expecting header '{header}'"
 GRPC_RESTRICTED_ERROR = "This protocol is restricted, expecting header '{header}'"
 RESTRICTED_ERROR_WHERE = (_at("src/http_server.cc", "4747-4763"), _at("src/grpc/grpc_server.cc", "196-228"))
+# The `inference` category covers ModelInfer and ModelStreamInfer (grpc_server.cc 2389-2409). A
+# stream is checked once, when it opens, before its first request is read: without the header it
+# ends at once with the UNAVAILABLE above (stream_infer_handler.cc 174-190).
+GRPC_INFERENCE_METHODS_WHERE = _at("src/grpc/grpc_server.cc", "2389-2409")
+GRPC_STREAM_CHECKED_AT_OPEN_WHERE = _at("src/grpc/stream_infer_handler.cc", "174-190")
 # `health` covers the server's live and ready endpoints and each model's ready endpoint, over HTTP
 # (http_server.cc 1366-1369, 1619-1620) and gRPC (grpc_server.cc 458-591, with gRPC's own health
 # check protocol, 504-520). The metrics endpoint (its own port) is no restricted API.

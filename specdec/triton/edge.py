@@ -18,8 +18,15 @@ It does what tritonserver 2.51 cannot (specdec/build/triton_access.py):
   and model metadata, model configuration, readiness and statistics pass for every model: they are
   read-only, and genai-perf's perf_analyzer reads an ensemble's composing models' configurations
   and statistics. Repository, shared-memory, trace and logging APIs are refused.
-Everything else passes through as it came: headers (a restricted API's header is tritonserver's to
-check), bodies, streamed responses (SSE, gRPC streams), errors, and a client's cancellation of a
+- **A restricted stream is refused by the edge.** With gRPC inference restricted to a header
+  (server.restricted_apis), a ModelStreamInfer stream without it gets tritonserver's own status,
+  UNAVAILABLE naming the header (tritonserver ends such a stream when it opens:
+  specdec/build/triton_flags.py GRPC_STREAM_CHECKED_AT_OPEN_WHERE), once its first request has
+  arrived. A status that overtakes a write of a request makes the write fail, and grpc then ends
+  the call with INTERNAL "Internal error from Core" in its place: forwarded, the refusal would race
+  the edge's first write, and refused before that request, the client's.
+Everything else passes through as it came: headers (tritonserver checks every other restricted
+API's), bodies, streamed responses (SSE, gRPC streams), errors, and a client's cancellation of a
 gRPC stream, which cancels the stream to tritonserver.
 """
 
@@ -27,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import re
 import signal
 import sys
@@ -39,7 +48,9 @@ import grpc
 from aiohttp import web
 from yarl import URL
 
+from specdec.build.triton_flags import GRPC_RESTRICTED_ERROR
 from specdec.triton.internal import refusal
+from specdec.triton.server_flags import KEY_ENV
 
 SERVED = ("ensemble",)
 
@@ -199,8 +210,9 @@ class GrpcEdge(grpc.GenericRpcHandler):
     """The gRPC endpoint: every method of tritonserver's service, as bytes, checked as the module
     says; the rest (an unknown method) UNIMPLEMENTED, as tritonserver answers it."""
 
-    def __init__(self, channel: grpc.aio.Channel, served: Iterable[str] = SERVED):
-        self.channel, self.served = channel, tuple(served)
+    def __init__(self, channel: grpc.aio.Channel, served: Iterable[str] = SERVED,
+                 stream_key: tuple[str, str] | None = None):  # fmt: skip
+        self.channel, self.served, self.stream_key = channel, tuple(served), stream_key
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
@@ -231,6 +243,11 @@ class GrpcEdge(grpc.GenericRpcHandler):
         goes away) cancels tritonserver's stream."""
         from tritonclient.grpc.service_pb2 import ModelStreamInferResponse
 
+        if self.stream_key is not None and self.stream_key not in (context.invocation_metadata() or ()):
+            # tritonserver ends such a stream before it reads a request; the edge takes the first
+            # one first, so that the client's write of it is done when the status reaches the client
+            await anext(requests, None)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, GRPC_RESTRICTED_ERROR.format(header=self.stream_key[0]))
         call = self.channel.stream_stream(method)(metadata=_metadata(context), timeout=context.time_remaining())
         answers: asyncio.Queue = asyncio.Queue()  # responses of both: tritonserver's and the edge's refusals
         end = object()
@@ -294,7 +311,8 @@ async def serve(args: argparse.Namespace) -> None:
         channel = grpc.aio.insecure_channel(args.triton_grpc, options=options)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", args.max_body_bytes),
                                       ("grpc.max_send_message_length", -1)])  # fmt: skip
-    server.add_generic_rpc_handlers((GrpcEdge(channel, served),))
+    key = json.loads(os.environ[KEY_ENV]) if KEY_ENV in os.environ else None
+    server.add_generic_rpc_handlers((GrpcEdge(channel, served, tuple(key) if key else None),))
     if args.tls_cert:  # the same TLS as tritonserver's own gRPC endpoint, so that clients see no difference
         creds = grpc.ssl_server_credentials([(_read(args.tls_key), _read(args.tls_cert))],
                                             root_certificates=_read(args.tls_client_ca),

@@ -26,6 +26,7 @@ from specdec.triton.server_flags import (
     BUNDLE_BACKEND_CONFIG,
     BUNDLE_SETS,
     HEADERS_ENV,
+    KEY_ENV,
     OVERRIDABLE,
     REFUSED,
     TRTLLM_SETS,
@@ -33,6 +34,7 @@ from specdec.triton.server_flags import (
     client_tls,
     frontend_access,
     server_flags,
+    stream_key,
 )
 
 EMBEDDED = resolve_relative_paths(yaml.safe_load(DEFAULT_PROFILE.read_text()), DEFAULT_PROFILE.resolve().parent)
@@ -283,6 +285,11 @@ def test_the_bundles_clients_trust_the_servers_certificate_and_send_its_keys(pem
     assert not any("s3cret" in arg for arg in argv)
     with pytest.raises(ProfileError, match=r"server.restricted_apis.0.value_env: the environment variable"):
         client_headers(server, "grpc", {})
+    # the edge checks gRPC inference's header on a stream (edge.py): that group's, not the others'
+    assert json.loads(stream_key(server, ENV)[KEY_ENV]) == [f"{GRPC_HEADER_PREFIX}api-key", "s3cret"]
+    others = [{"protocol": "http", "apis": ["inference"], "header": "x-api-key", "value": "h"},
+              {"protocol": "grpc", "apis": ["model-config"], "header": "admin", "value": "root"}]  # fmt: skip
+    assert stream_key(profile_with(restricted_apis=others).server, ENV) == {}
 
 
 def test_under_mutual_tls_the_bundles_clients_present_their_certificate(pem):
