@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/performance.py [--check]
 
 Each benchmark script that writes results keeps its latest run in a folder of its own under
-benchmarks/results/ (targets/, readme/, copy_bound/, crosscheck/, soak/, gpu_check/), the next
+benchmarks/results/ (targets/, readme/, copy_bound/, crosscheck/, soak/, startup/, gpu_check/), the next
 run overwriting it, and calls update() at its end, so that the document follows the results. It
 holds a section a benchmark: what it measures (the first paragraph of its script's docstring), the
 command that reproduces the run (from what the run recorded), the machine it ran on (from its own
@@ -33,6 +33,7 @@ CROSSCHECK_DEFAULTS = {"requests": 4, "max_tokens": 96}  # crosscheck.py's --req
 DRAFT_LENGTH_DEFAULTS = {"lengths": "5,8,12,15", "num_requests": 16, "max_tokens": 128}
 # edge_overhead.py's --blocks, --requests, --concurrency and --max-tokens
 EDGE_DEFAULTS = {"blocks": 3, "requests": 16, "concurrency": 4, "max_tokens": 32}
+STARTUP_DEFAULTS = {"rounds": 3}  # startup.py's --rounds
 # soak.py's --max-tokens, --warmup, --sample-every and --max-slope
 SOAK_DEFAULTS = {"max_tokens": 48, "warmup_requests": 400, "sample_every": 20, "max_slope_bytes_per_request": 1024}
 
@@ -261,6 +262,19 @@ def edge_overhead(section: Section) -> None:
     section.copy("edge_overhead.md")
 
 
+def startup(section: Section) -> None:
+    argv = [PYTHON, "benchmarks/startup.py"]
+    report_path = section.folder / "startup.md"
+    if not report_path.is_file():
+        section.absent(code(argv))
+        return
+    m = re.match(r"(\d+) rounds", report_path.read_text())
+    if m and int(m.group(1)) != STARTUP_DEFAULTS["rounds"]:
+        argv += ["--rounds", m.group(1)]
+    section.fields(code(argv), machine_in(report_path), ["startup.md"])
+    section.copy("startup.md")
+
+
 def soak(section: Section) -> None:
     argv = [PYTHON, "benchmarks/soak.py"]
     report_path = section.folder / "soak.json"
@@ -359,6 +373,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[Section], None]], ...] = (
     ("soak", "Soak", soak),
     ("draft_length", "Draft length: the default cap on drafts", draft_length),
     ("edge_overhead", "Edge overhead: what the server's edge costs", edge_overhead),
+    ("startup", "Start-up: time to ready, calibrating or reusing the calibration", startup),
     ("gpu_check", "GPU check", gpu_check),
 )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from string import Template
 
 from specdec.config import REPO_ROOT, Profile
-from specdec.speculation.controller import calibration_path
+from specdec.speculation.controller import calibration_cache_dir, calibration_path
 
 TEMPLATES = REPO_ROOT / "model_repository"
 
@@ -65,6 +65,7 @@ def engine_values(profile: Profile, role: str) -> dict[str, object]:
     eng = profile.engine
     return {
         "calibration_file": calibration_path(profile.build_path(), role),
+        "calibration_cache": calibration_cache_dir(profile.build_path()),
         "model_name": role,
         "model_dir": profile.model_dir(role),
         "max_batch_size": eng.max_batch_size,

@@ -11,10 +11,13 @@ are concatenated into one set of rows.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import math
+import os
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,8 +96,6 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
 def _set_threads(threads: int | None) -> None:
     """numba runs the heavy kernels on `threads` cores (default: all). On CPU torch only does
     small glue ops: one thread keeps its OpenMP pool from competing with numba's."""
-    import os
-
     import numba
 
     cores = threads or os.cpu_count() or 1
@@ -172,6 +173,53 @@ class Engine:
         )
         self.generate([greedy])
         self.recent_forwards.clear()  # compilation time is no forward's cost
+
+    def calibration_key(self, rows: tuple[int, ...], repeats: int) -> str:
+        """What a calibration's times depend on, as a hash: the model's shapes (its config, the
+        layers loaded), how it computes (dtype, device, threads, the engine's sources, torch and
+        numba), the cache it attends over, the calibration's own arguments, and the machine (CPU
+        model and the cores this process may use). Weights' values change no forward's time."""
+        import platform
+
+        import numba
+
+        cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+                   platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()  # fmt: skip
+        sources = hashlib.sha256()
+        for source in sorted(Path(__file__).parent.glob("*.py")):
+            sources.update(source.read_bytes())
+        key = {
+            "model": asdict(self.model.cfg), "dtype": str(self.model.dtype), "device": str(self.device),
+            "ops": type(self.model.ops).__name__, "kv_slots": len(self.slots.slots), "max_seq_len": self.max_seq_len,
+            "guess_head": self.guess_head is not None, "rows": list(rows), "repeats": repeats,
+            "context": CALIBRATION_CONTEXT, "sources": sources.hexdigest(), "torch": torch.__version__,
+            "numba": [numba.__version__, numba.get_num_threads()], "cpu": [cpu, sorted(os.sched_getaffinity(0))],
+            "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+        }  # fmt: skip
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+    def calibrated(self, cache_dir: Path | None, rows: tuple[int, ...] = CALIBRATION_ROWS,
+                   repeats: int = 5) -> dict[str, list]:  # fmt: skip
+        """calibrate()'s table, from `cache_dir` where an earlier calibration of the same key
+        (calibration_key) left it there, else measured and left there for the next start: a
+        restart of the server then skips the longest step of loading an engine. A cache that
+        cannot be read or written is passed by."""
+        path = cache_dir / f"{self.calibration_key(rows, repeats)}.json" if cache_dir is not None else None
+        try:
+            if path is not None and path.is_file():
+                return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+        table = self.calibrate(rows, repeats)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                staged = path.with_suffix(f".{os.getpid()}.tmp")  # engines of several servers may write it at once
+                staged.write_text(json.dumps(table))
+                os.replace(staged, path)
+            except OSError:
+                pass
+        return table
 
     def calibrate(self, rows: tuple[int, ...] = CALIBRATION_ROWS, repeats: int = 5) -> dict[str, list]:
         """Seconds of one forward by number of rows: the cost model the spec_decode controller

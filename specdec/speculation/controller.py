@@ -475,3 +475,9 @@ class Controller:
 
 def calibration_path(build_dir: Path, model: str) -> Path:
     return build_dir / "calibration" / f"{model}.json"
+
+
+def calibration_cache_dir(build_dir: Path) -> Path:
+    """Where engines keep their start-up calibrations by key (specdec.engine.Engine.calibrated):
+    beside the build folder, shared by the builds there."""
+    return build_dir.parent / "calibration-cache"

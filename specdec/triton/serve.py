@@ -33,7 +33,7 @@ import psutil
 from specdec.config import Profile
 from specdec.speculation.admission import CANCEL, DRAIN, drain_path
 from specdec.triton.internal import KEY_ENV, InternalAccess, access_path, new_key, write_access_file
-from specdec.triton.server_flags import frontend_access, server_flags
+from specdec.triton.server_flags import frontend_access, server_flags, stream_key
 
 CONTAINER_SERVER = Path("/opt/tritonserver")
 LOOPBACK = "127.0.0.1"  # where tritonserver's own endpoints listen, behind the edge
@@ -271,7 +271,8 @@ class TritonServer:
             argv += [f"--tls-cert={s.tls.cert}", f"--tls-key={s.tls.key}"]
             argv += [f"--tls-client-ca={s.tls.client_ca_cert}"] if s.tls.client_ca_cert else []
         argv += frontend_access(s)[0]  # not its headers: a client's own reach tritonserver, to be checked there
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        return subprocess.Popen(argv, env={**os.environ, **stream_key(s)}, stdout=out,
+                                stderr=subprocess.STDOUT if out else None, start_new_session=True)  # fmt: skip
 
     @property
     def openai_url(self) -> str | None:
@@ -388,6 +389,11 @@ class TritonServer:
             # tritonserver a process group of its own, and a dead server's stubs are orphans that
             # only this list (and the process group, where they share it) still reaches.
             started = [*descendants(proc.pid), *(stub for _, stub in self.stubs)]
+            # A model whose stub died never unloads: tritonserver waits out its exit timeout for
+            # it (Server::Stop, core src/server.cc 336-347 at r24.10), with nothing left to finish
+            graceful = graceful and all(alive(stub) for _, stub in self.stubs)
+            # and its regions now: a server stopped before it was ready has none recorded
+            self.shared_memory |= mapped_shared_memory(triton_process(proc.pid))
             if proc.poll() is None:
                 # tritonserver itself shuts down gracefully; a launcher need not pass SIGTERM on,
                 # and exits once its child has

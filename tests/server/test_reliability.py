@@ -117,57 +117,82 @@ def test_a_dropped_http_stream_is_bounded_by_max_tokens(server):
     assert wait_for(lambda: counter(server, "specdec_kv_slots_in_use") == 0, timeout=30)
 
 
+# --- overload ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bounded(embedded_profile, smollm_dir):
+    """A server of 2 requests in flight and 2 queued; the failing-draft test, which kills its draft
+    model, is the last to use it."""
+    server_options = ServerOptions(max_inflight=2, max_queue=2)
+    with variant_server(embedded_profile, smollm_dir, "reliability-bounded", server=server_options) as srv:
+        yield srv
+
+
+def test_overload_queues_up_to_the_bound_then_refuses_at_once(bounded, tokenizer):
+    ids = tokenizer.encode(tokenizer.chat_prompt("Say hello."))
+
+    async def flood():
+        async with internal_client(bounded) as client:
+            params = RequestParams(max_tokens=16, num_draft_tokens=0)
+            return await asyncio.wait_for(
+                asyncio.gather(*(client.generate_ids(ids, params) for _ in range(12))), timeout=120
+            )
+
+    records = asyncio.run(flood())
+    refused = [r for r in records if r.error]
+    served = [r for r in records if not r.error]
+    assert len(served) >= 4 and refused, [r.error for r in records]
+    assert all("server busy" in r.error for r in refused)
+    assert all(r.end - r.start < 2.0 for r in refused)  # refused at once, not after waiting
+    assert len({tuple(r.ids) for r in served}) == 1  # every admitted request completed correctly
+
+
 # --- a failing draft -----------------------------------------------------------------------------------
-def test_requests_survive_a_failing_draft_model(embedded_profile, smollm_dir, tokenizer):
+def test_requests_survive_a_failing_draft_model(bounded, tokenizer):
     """Kill the draft model's backend process: draft_model requests fall back to plain decoding,
     with the same greedy tokens, a warning in the log and a counter in the metrics."""
     ids = tokenizer.encode(tokenizer.chat_prompt("List three colors."))
     params = RequestParams(max_tokens=24, draft_method="draft_model", num_draft_tokens=3)
-    with variant_server(embedded_profile, smollm_dir, "reliability-draft") as srv:
 
-        async def run(**kw):
-            async with internal_client(srv) as client:
-                return await client.generate_ids(ids, RequestParams(**{**vars(params), **kw}))
+    async def run(**kw):
+        async with internal_client(bounded) as client:
+            return await client.generate_ids(ids, RequestParams(**{**vars(params), **kw}))
 
-        reference = asyncio.run(run(num_draft_tokens=0, draft_method="none"))
-        stubs = [
-            p
-            for p in psutil.Process(srv.process.pid).children(recursive=True)
-            if "/draft/1/model.py" in " ".join(p.cmdline())
-        ]
-        assert stubs, "the draft model's stub process was not found"
-        for stub in stubs:
-            stub.kill()
-        records = [asyncio.run(run()) for _ in range(3)]
-        assert [r.error for r in records] == [None] * 3
-        assert all(r.ids == reference.ids for r in records)
-        assert counter(srv, "specdec_proposer_fallbacks_total", proposer="draft_model") >= 1
-        assert "continues without speculation" in Path(srv.log_file).read_text(errors="replace")
-
-
-# --- overload ------------------------------------------------------------------------------------------
-def test_overload_queues_up_to_the_bound_then_refuses_at_once(embedded_profile, smollm_dir, tokenizer):
-    server_options = ServerOptions(max_inflight=2, max_queue=2)
-    ids = tokenizer.encode(tokenizer.chat_prompt("Say hello."))
-    with variant_server(embedded_profile, smollm_dir, "reliability-overload", server=server_options) as srv:
-
-        async def flood():
-            async with internal_client(srv) as client:
-                params = RequestParams(max_tokens=16, num_draft_tokens=0)
-                return await asyncio.wait_for(
-                    asyncio.gather(*(client.generate_ids(ids, params) for _ in range(12))), timeout=120
-                )
-
-        records = asyncio.run(flood())
-        refused = [r for r in records if r.error]
-        served = [r for r in records if not r.error]
-        assert len(served) >= 4 and refused, [r.error for r in records]
-        assert all("server busy" in r.error for r in refused)
-        assert all(r.end - r.start < 2.0 for r in refused)  # refused at once, not after waiting
-        assert len({tuple(r.ids) for r in served}) == 1  # every admitted request completed correctly
+    reference = asyncio.run(run(num_draft_tokens=0, draft_method="none"))
+    stubs = [
+        p
+        for p in psutil.Process(bounded.process.pid).children(recursive=True)
+        if "/draft/1/model.py" in " ".join(p.cmdline())
+    ]
+    assert stubs, "the draft model's stub process was not found"
+    for stub in stubs:
+        stub.kill()
+    records = [asyncio.run(run()) for _ in range(3)]
+    assert [r.error for r in records] == [None] * 3
+    assert all(r.ids == reference.ids for r in records)
+    assert counter(bounded, "specdec_proposer_fallbacks_total", proposer="draft_model") >= 1
+    assert "continues without speculation" in Path(bounded.log_file).read_text(errors="replace")
 
 
 # --- a dead server, shutdown -------------------------------------------------------------------------
+def test_a_server_stopped_while_it_loads_leaves_no_shared_memory(embedded_profile, smollm_dir):
+    """Stopped before it is ready (a supervisor stopped during a restart), with its Python stubs
+    started: nothing of it is left, neither a process nor a shared-memory region."""
+    from specdec.triton.serve import Ports, TritonServer, alive, answers, mapped_shared_memory, triton_process
+
+    server = TritonServer(variant_profile(embedded_profile, smollm_dir, "reliability-early-stop"), ports=Ports.free())
+    server.start()
+    try:
+        pid = triton_process(server.process.pid)
+        assert wait_for(lambda: len(mapped_shared_memory(pid)) >= 3, timeout=60), "no stub started"
+        regions = mapped_shared_memory(pid)
+        started = psutil.Process(pid).children(recursive=True)
+        assert not answers(f"http://{server.http_url}/v2/health/ready")  # still loading
+    finally:
+        server.stop()
+    assert wait_for(lambda: not any(alive(p) for p in started), timeout=10)
+    assert not [r for r in regions if r.exists()]
+
+
 FAULT_BOUND_S = 20.0  # a stream on a server that breaks ends within this (the supervisor polls every second)
 
 

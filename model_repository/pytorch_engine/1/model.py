@@ -41,7 +41,7 @@ class TritonPythonModel:
         self.engine.warmup()
         self.calibration = Path(params["calibration_file"])
         self.calibration.parent.mkdir(parents=True, exist_ok=True)
-        table = self.engine.calibrate()
+        table = self.engine.calibrated(Path(params["calibration_cache"]))
         self.cost = ForwardCost(table["rows"], table["seconds"])
         self._write_cost()
         labels = {"model": self.name}

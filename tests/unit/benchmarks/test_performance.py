@@ -41,6 +41,9 @@ def test_the_defaults_it_leaves_out_of_a_command_are_the_scripts():
     given = {"blocks": edge.blocks, "requests": edge.requests, "concurrency": edge.concurrency,
              "max_tokens": edge.max_tokens}  # fmt: skip
     assert given == performance.EDGE_DEFAULTS
+    import startup
+
+    assert {"rounds": startup.parser().parse_args([]).rounds} == performance.STARTUP_DEFAULTS
 
 
 def _write(path, text: str) -> None:
@@ -79,7 +82,7 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
     _write(results / "gpu_check" / "gpu_check.json", json.dumps(gpu))
 
     text = render(results, doc)
-    targets, readme, copy_bound, crosscheck, soak_, draft_length, edge, gpu_check = text.split("\n## ")[1:]
+    targets, readme, copy_bound, crosscheck, soak_, draft_length, edge, startup, gpu_check = text.split("\n## ")[1:]
     assert ("`.venv/bin/python benchmarks/targets.py --grounded mine.jsonl --concurrency 1 --temperature 0.7 "
             "--top-p 0.9`") in targets  # fmt: skip
     assert "- Ran on: Test CPU, 4 cores, 8.0 GiB, no GPU, 1-minute load average 0.5 when written" in targets
@@ -95,6 +98,7 @@ def test_a_results_folder_gives_a_section_a_benchmark(tmp_path):
     assert "`.venv/bin/python benchmarks/draft_length.py --lengths 4,12 --num-requests 8`" in draft_length
     assert "- Ran on: Test CPU" in draft_length
     assert "No run in benchmarks/results/edge_overhead/ yet." in edge
+    assert "No run in benchmarks/results/startup/ yet." in startup
     assert "NVIDIA H100, 81559 MiB" in gpu_check and "| 2 | 11.00 | 1.10x |" in gpu_check
     assert "| 1 | ngram | 100.0 | 50% | 2.00x |" in gpu_check
     assert "`python3 benchmarks/gpu_check.py`" in gpu_check

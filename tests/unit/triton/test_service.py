@@ -521,6 +521,25 @@ def test_calibration_times_every_row_count_asked_for_and_leaves_the_slots_free(t
     assert engine.slots.in_use == 0
 
 
+def test_a_calibration_is_measured_once_per_key_then_reused(tiny_target, tiny_draft, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    engine = Engine(tiny_target, kv_slots=1, max_seq_len=64, threads=1)
+    measured = []
+    calibrate = engine.calibrate
+    monkeypatch.setattr(engine, "calibrate", lambda *a, **kw: measured.append(a) or calibrate(*a, **kw))
+    first = engine.calibrated(cache, rows=(1, 2), repeats=1)
+    assert engine.calibrated(cache, rows=(1, 2), repeats=1) == first and len(measured) == 1
+    # what a forward's time depends on is in the key: other rows, another model's shapes, a cache as long
+    engine.calibrated(cache, rows=(1, 3), repeats=1)
+    assert len(measured) == 2
+    keys = {Engine(model, kv_slots=slots, max_seq_len=64, threads=1).calibration_key((1, 2), 1)
+            for model, slots in ((tiny_target, 1), (tiny_draft, 1), (tiny_target, 2))}  # fmt: skip
+    assert len(keys) == 3 and engine.calibration_key((1, 2), 1) in keys
+    (cache / f"{engine.calibration_key((1, 2), 1)}.json").write_text("{not json")  # a broken entry: measured again
+    assert engine.calibrated(cache, rows=(1, 2), repeats=1)["rows"] == [1, 2] and len(measured) == 3
+    assert sorted(p.suffix for p in cache.iterdir()) == [".json", ".json"]  # nothing staged is left
+
+
 def test_calibrated_rows_follow_a_context_as_a_verifications_do(tiny_target, monkeypatch):
     engine = Engine(tiny_target, kv_slots=1, max_seq_len=2048, threads=1)
     first_positions = []
