@@ -48,6 +48,8 @@ class Flag:
     choices: tuple[str, ...] = ()
     pattern: str = ""
     repeatable: bool = False
+    minimum: int | None = None  # an "int" the parser refuses below this
+    maximum: int | None = None  # ... or above this
 
 
 _SETTING = r"[^,=]+,[^=]+=.+"  # <name>,<setting>=<value> (ParseGenericConfigOption, 2080-2109)
@@ -154,6 +156,25 @@ FLAGS: dict[str, Flag] = {
 }
 DEPRECATED = ("strict-model-config", "response-cache-byte-size", "trace-file", "trace-level", "trace-rate",
               "trace-count", "trace-log-frequency")  # fmt: skip
+
+# --- the GPU image's tritonserver: 2.61 -----------------------------------------------------------
+# nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3 runs tritonserver 2.61.0
+# (specdec/build/upstream.py). Its src/command_line_parser.cc (tag v2.61.0) registers every option
+# above, parsed as at 2.51 (the two files differ elsewhere only in help texts), and these three
+# more, each an integer the parser bounds.
+CONTAINER_SERVER_TAG = "v2.61.0"
+
+
+def _clp_container(lines: str) -> Where:
+    return Where(SERVER_REPO, "src/command_line_parser.cc", CONTAINER_SERVER_TAG, lines)
+
+
+CONTAINER_FLAGS: dict[str, Flag] = {
+    # bounds one input tensor's bytes in a body already read (triton_access.py HTTP_MAX_INPUT_SIZE)
+    "http-max-input-size": Flag(_clp_container("502-504; 1401-1409"), "int", minimum=1),
+    "grpc-infer-thread-count": Flag(_clp_container("540-542; 1463-1471"), "int", minimum=2, maximum=128),
+    "grpc-max-response-pool-size": Flag(_clp_container("551-554; 1475-1482"), "int", minimum=1),
+}
 
 # --- TLS --------------------------------------------------------------------------------------------
 # gRPC only. --grpc-use-ssl turns TLS on with --grpc-server-cert and --grpc-server-key;

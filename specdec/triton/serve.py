@@ -201,7 +201,8 @@ class TritonServer:
             # generation logits of a k-token draft are k * V floats: room for them in shared memory
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,shm-growth-byte-size=16777216",
-            *server_flags(self.profile),  # server.tls, server.restricted_apis, server.extra_flags
+            # server.tls, server.restricted_apis, server.extra_flags, for this tritonserver's version
+            *server_flags(self.profile, container=install.binary == CONTAINER_SERVER / "bin" / "tritonserver"),
         ]
 
     def launch(self, install: TritonInstall) -> tuple[list[str], dict[str, str]]:

@@ -15,7 +15,14 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from specdec.build.triton_flags import DEPRECATED, FLAGS, GRPC_HEADER_PREFIX, RESTRICTED_FLAGS, Flag
+from specdec.build.triton_flags import (
+    CONTAINER_FLAGS,
+    DEPRECATED,
+    FLAGS,
+    GRPC_HEADER_PREFIX,
+    RESTRICTED_FLAGS,
+    Flag,
+)
 from specdec.config import ExtraFlag, Profile, ProfileError, RestrictedApi, ServerOptions, header_value_problem
 
 # The flags the bundle sets itself (TritonServer.command, specdec/triton/serve.py), each with what
@@ -76,11 +83,12 @@ KEY_ENV = "SPECDEC_EDGE_STREAM_KEY"
 Protocol = Literal["http", "grpc"]
 
 
-def server_flags(profile: Profile, environ: Mapping[str, str] = os.environ) -> list[str]:
+def server_flags(profile: Profile, environ: Mapping[str, str] = os.environ, container: bool = False) -> list[str]:
     """The tritonserver flags of the profile's server.tls, server.restricted_apis and
-    server.extra_flags, in that order. ProfileError listing every problem, each naming its key:
-    a TLS file that is missing, a header value's environment variable that is unset, a flag
-    tritonserver 2.51 does not have, one the bundle sets or refuses, a value of the wrong kind."""
+    server.extra_flags, in that order, for the bundled tritonserver 2.51 or (`container`) the GPU
+    image's 2.61. ProfileError listing every problem, each naming its key: a TLS file that is
+    missing, a header value's environment variable that is unset, a flag that tritonserver does not
+    have, one the bundle sets or refuses, a value of the wrong kind."""
     server = profile.server
     problems: list[str] = []
     argv = tls_flags(server, problems)
@@ -90,7 +98,8 @@ def server_flags(profile: Profile, environ: Mapping[str, str] = os.environ) -> l
             argv.append(f"--{RESTRICTED_FLAGS[group.protocol]}={','.join(group.apis)}:{group.header}={value}")
     seen: dict[str, int] = {}
     for i, extra in enumerate(server.extra_flags):
-        argv += extra_flag(extra, f"server.extra_flags.{i}", profile.backend == "tensorrtllm", seen, problems)
+        argv += extra_flag(extra, f"server.extra_flags.{i}", profile.backend == "tensorrtllm", seen, problems,
+                           container)  # fmt: skip
         seen.setdefault(extra.flag, i)
     if problems:
         raise ProfileError(f"{profile.name}: cannot start tritonserver\n" + "\n".join(f"  {p}" for p in problems))
@@ -125,14 +134,20 @@ def restricted_value(group: RestrictedApi, key: str, environ: Mapping[str, str],
     return value
 
 
-def extra_flag(extra: ExtraFlag, key: str, trtllm: bool, seen: dict[str, int], problems: list[str]) -> list[str]:
+def extra_flag(extra: ExtraFlag, key: str, trtllm: bool, seen: dict[str, int], problems: list[str],
+               container: bool = False) -> list[str]:  # fmt: skip
     """The argument of one extra flag ([] with a problem naming `key` when it may not be given).
-    seen: the flags given before it, with their index."""
+    seen: the flags given before it, with their index; container: for the GPU image's tritonserver
+    2.61 (its options are 2.51's and CONTAINER_FLAGS)."""
     name = extra.flag.removeprefix("--")
-    fact = FLAGS.get(name)
+    fact = FLAGS.get(name) or (CONTAINER_FLAGS.get(name) if container else None)
     refusal = None
-    if fact is None:
-        refusal = f"tritonserver 2.51 has no option {extra.flag} (specdec/build/triton_flags.py lists its options)"
+    if fact is None and name in CONTAINER_FLAGS:
+        refusal = (f"{extra.flag} is tritonserver 2.61's (the GPU image's); the bundled tritonserver 2.51 has no "
+                   "such option")  # fmt: skip
+    elif fact is None:
+        version = "2.61" if container else "2.51"
+        refusal = f"tritonserver {version} has no option {extra.flag} (specdec/build/triton_flags.py lists its options)"
     elif name in BUNDLE_SETS:
         refusal = f"{extra.flag} is set by {BUNDLE_SETS[name]}"
     elif name in REFUSED:
@@ -164,7 +179,12 @@ def flag_value(fact: Flag, value: bool | int | float | str | None) -> str | Valu
     if fact.kind == "bool":
         return ("true" if value else "false") if isinstance(value, bool) else ValueError("takes true or false")
     if fact.kind == "int":
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else ValueError("takes an integer")
+        if not isinstance(value, int) or isinstance(value, bool):
+            return ValueError("takes an integer")
+        if (fact.minimum is not None and value < fact.minimum) or (fact.maximum is not None and value > fact.maximum):
+            bounds = f"{fact.minimum} to {fact.maximum}" if fact.maximum is not None else f"{fact.minimum} or more"
+            return ValueError(f"takes an integer from {bounds}, got {value}")
+        return str(value)
     if fact.kind == "float":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         return str(value) if ok else ValueError("takes a number")

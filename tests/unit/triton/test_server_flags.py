@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdec.build.triton_flags import FLAGS, GRPC_HEADER_PREFIX
+from specdec.build.triton_flags import CONTAINER_FLAGS, FLAGS, GRPC_HEADER_PREFIX
 from specdec.config import (
     DEFAULT_PROFILE,
     Profile,
@@ -21,7 +21,7 @@ from specdec.config import (
     parse_profile,
     resolve_relative_paths,
 )
-from specdec.triton.serve import TritonInstall, TritonServer
+from specdec.triton.serve import CONTAINER_SERVER, TritonInstall, TritonServer
 from specdec.triton.server_flags import (
     BUNDLE_BACKEND_CONFIG,
     BUNDLE_SETS,
@@ -192,6 +192,41 @@ def test_the_orchestrator_modes_flags_are_the_bundles_on_tensorrtllm():
     assert server_flags(profile_with(extra_flags=[{"flag": "--enable-peer-access", "value": False}]), {}) == [
         "--enable-peer-access=false"
     ]
+
+
+def test_the_gpu_images_tritonserver_takes_its_own_options_within_its_bounds(tmp_path):
+    """The GPU image runs tritonserver 2.61 (CONTAINER_FLAGS: 2.51's options and three more, each
+    an integer its parser bounds); the bundled 2.51 refuses those three, naming the version."""
+    assert not set(CONTAINER_FLAGS) & set(FLAGS)
+    given = [{"flag": "--grpc-infer-thread-count", "value": 4}, {"flag": "--http-max-input-size", "value": 2**27},
+             {"flag": "--grpc-max-response-pool-size", "value": 1}]  # fmt: skip
+    profile = profile_with(extra_flags=given)
+    assert server_flags(profile, {}, container=True) == [
+        "--grpc-infer-thread-count=4", f"--http-max-input-size={2**27}", "--grpc-max-response-pool-size=1"]  # fmt: skip
+    refused = flag_refusal(profile, {})
+    assert "server.extra_flags.0.flag: --grpc-infer-thread-count is tritonserver 2.61's (the GPU image's); the " \
+           "bundled tritonserver 2.51 has no such option" in refused  # fmt: skip
+    for value, bounds in ((1, "from 2 to 128, got 1"), (129, "from 2 to 128, got 129")):
+        out_of_bounds = profile_with(extra_flags=[{"flag": "--grpc-infer-thread-count", "value": value}])
+        with pytest.raises(
+            ProfileError, match=f"extra_flags.0.value: --grpc-infer-thread-count takes an integer {bounds}"
+        ):
+            server_flags(out_of_bounds, {}, container=True)
+    nothing = profile_with(extra_flags=[{"flag": "--http-max-input-size", "value": 0}])
+    with pytest.raises(ProfileError, match="--http-max-input-size takes an integer from 1 or more, got 0"):
+        server_flags(nothing, {}, container=True)
+    with pytest.raises(ProfileError, match=r"tritonserver 2\.61 has no option --grpc-restricted-api"):
+        server_flags(profile_with(extra_flags=[{"flag": "--grpc-restricted-api", "value": "x"}]), {}, container=True)
+    # the server picks the version from the binary it runs
+    data = copy.deepcopy(EMBEDDED) | {"build_dir": str(tmp_path / "build")}
+    data["server"] = {"extra_flags": given[:1]}
+    served = parse_profile(data)
+    (served.repository_dir() / "ensemble").mkdir(parents=True)
+    (served.repository_dir() / "ensemble" / "config.pbtxt").write_text("")
+    install = TritonInstall(CONTAINER_SERVER / "bin" / "tritonserver", CONTAINER_SERVER / "backends")
+    assert TritonServer(served).command(install)[-1] == "--grpc-infer-thread-count=4"
+    with pytest.raises(ProfileError, match=r"is tritonserver 2\.61's"):
+        TritonServer(served).command(TritonInstall(Path("tritonserver"), tmp_path / "backends"))
 
 
 def test_a_missing_tls_file_and_an_unset_key_are_refused_when_the_server_starts(tmp_path, pem):
