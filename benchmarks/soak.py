@@ -150,6 +150,18 @@ def slope(points: list[tuple[int, float]]) -> float:
     return float(np.polyfit(xs, ys, 1)[0])
 
 
+def half_slopes(samples: list, first: int, last: int) -> dict[str, tuple[float, float]]:
+    """Per process, the resident-memory slopes (bytes a request) over the samples of MemoryLog's
+    form from `first` requests to the middle, and from the middle to `last`: a one-time step
+    raises one of them, growth that goes on raises both."""
+    later = [(n, values) for n, values in samples if first <= n <= last]
+    middle = (first + last) // 2
+    halves = ([s for s in later if s[0] <= middle], [s for s in later if s[0] >= middle])
+    names = set().union(*(values for _, values in later))
+    return {name: (slope([(n, v[name][0]) for n, v in halves[0] if name in v]),
+                   slope([(n, v[name][0]) for n, v in halves[1] if name in v])) for name in sorted(names)}  # fmt: skip
+
+
 @dataclass
 class MemoryLog:
     """Each process's resident memory (bytes: rss, anon, file, shmem) after a number of requests."""
