@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import psutil
-from performance import update as update_performance
+from performance import publish
 
 from specdec.build import build
 from specdec.client.client import RequestParams, TritonClient
@@ -100,11 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{' '.join(f'{t * 1000:.0f}' for t in ttfts)} |")  # fmt: skip
     lines += ["", f"Edge CPU: {edge_cpu / n * 1000:.2f} ms a request, {edge_cpu / responses * 1000:.3f} ms a "
               "streamed response.", "", f"Machine: {summary_line(machine)}."]  # fmt: skip
-    report = "\n".join(lines) + "\n"
-    print(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
-    update_performance(args.out.parent)
+    publish(lines, args.out)
     return 0
 
 

@@ -247,32 +247,29 @@ def draft_length(section: Section) -> None:
         section.lines += [f"![speedup by cap]({section.link}/draft_length.png)", ""]
 
 
-def edge_overhead(section: Section) -> None:
-    argv = [PYTHON, "benchmarks/edge_overhead.py"]
-    report_path = section.folder / "edge_overhead.md"
+def one_report(section: Section, script: str, header: str, defaults: dict[str, int]) -> None:
+    """A benchmark whose run is one <script>.md, beginning with `header` (a pattern whose groups
+    are the values of `defaults`' options, in order)."""
+    argv = [PYTHON, f"benchmarks/{script}.py"]
+    report_path = section.folder / f"{script}.md"
     if not report_path.is_file():
         section.absent(code(argv))
         return
-    m = re.match(r"(\d+) blocks x (\d+) requests, (\d+) at a time, (\d+) tokens each", report_path.read_text())
-    if m:
-        for (key, default), value in zip(EDGE_DEFAULTS.items(), m.groups(), strict=True):
+    if m := re.match(header, report_path.read_text()):
+        for (key, default), value in zip(defaults.items(), m.groups(), strict=True):
             if int(value) != default:
                 argv += [f"--{key.replace('_', '-')}", value]
-    section.fields(code(argv), machine_in(report_path), ["edge_overhead.md"])
-    section.copy("edge_overhead.md")
+    section.fields(code(argv), machine_in(report_path), [f"{script}.md"])
+    section.copy(f"{script}.md")
+
+
+def edge_overhead(section: Section) -> None:
+    one_report(section, "edge_overhead", r"(\d+) blocks x (\d+) requests, (\d+) at a time, (\d+) tokens each",
+               EDGE_DEFAULTS)  # fmt: skip
 
 
 def startup(section: Section) -> None:
-    argv = [PYTHON, "benchmarks/startup.py"]
-    report_path = section.folder / "startup.md"
-    if not report_path.is_file():
-        section.absent(code(argv))
-        return
-    m = re.match(r"(\d+) rounds", report_path.read_text())
-    if m and int(m.group(1)) != STARTUP_DEFAULTS["rounds"]:
-        argv += ["--rounds", m.group(1)]
-    section.fields(code(argv), machine_in(report_path), ["startup.md"])
-    section.copy("startup.md")
+    one_report(section, "startup", r"(\d+) rounds", STARTUP_DEFAULTS)
 
 
 def soak(section: Section) -> None:
@@ -401,6 +398,15 @@ def write(results: Path = RESULTS, doc: Path = DOC) -> Path:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(render(results, doc))
     return doc
+
+
+def publish(lines: list[str], out: Path) -> None:
+    """A one-file report: printed, written to `out` (its folder made), and the document updated."""
+    report = "\n".join(lines) + "\n"
+    print(report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    update(out.parent)
 
 
 def update(out: Path) -> None:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from performance import update as update_performance
+from performance import publish
 
 from specdec.build import build
 from specdec.client.machine import describe, summary_line
@@ -39,16 +39,16 @@ def time_to_ready(profile) -> float:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3, help="starts of each kind")
     ap.add_argument("--out", type=Path, default=RESULT)
+    ap.add_argument("--rounds", type=int, default=3, help="starts of each kind")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    machine = describe()  # its load averages at the start
     profile = load_profile()
     build(profile)
+    machine = describe()  # its load averages as the starts begin
     cache = calibration_cache_dir(profile.build_path())
     seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for r in range(args.rounds):
@@ -63,11 +63,7 @@ def main(argv: list[str] | None = None) -> int:
               for kind, values in seconds.items()]  # fmt: skip
     lines += ["", f"Reusing / calibrating: {medians['reusing'] / medians['calibrating']:.2f}x the time.", "",
               f"Machine: {summary_line(machine)}."]  # fmt: skip
-    report = "\n".join(lines) + "\n"
-    print(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
-    update_performance(args.out.parent)
+    publish(lines, args.out)
     return 0
 
 
