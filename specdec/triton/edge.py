@@ -50,7 +50,7 @@ from yarl import URL
 
 from specdec.build.triton_flags import GRPC_RESTRICTED_ERROR
 from specdec.triton.internal import refusal
-from specdec.triton.server_flags import KEY_ENV
+from specdec.triton.server_flags import STREAM_KEY_ENV
 
 SERVED = ("ensemble",)
 
@@ -311,8 +311,8 @@ async def serve(args: argparse.Namespace) -> None:
         channel = grpc.aio.insecure_channel(args.triton_grpc, options=options)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", args.max_body_bytes),
                                       ("grpc.max_send_message_length", -1)])  # fmt: skip
-    key = json.loads(os.environ[KEY_ENV]) if KEY_ENV in os.environ else None
-    server.add_generic_rpc_handlers((GrpcEdge(channel, served, tuple(key) if key else None),))
+    key = os.environ.get(STREAM_KEY_ENV)  # [header, value] (server_flags.stream_key)
+    server.add_generic_rpc_handlers((GrpcEdge(channel, served, tuple(json.loads(key)) if key else None),))
     if args.tls_cert:  # the same TLS as tritonserver's own gRPC endpoint, so that clients see no difference
         creds = grpc.ssl_server_credentials([(_read(args.tls_key), _read(args.tls_cert))],
                                             root_certificates=_read(args.tls_client_ca),

@@ -36,6 +36,7 @@ from specdec.triton.internal import KEY_ENV, InternalAccess, access_path, new_ke
 from specdec.triton.server_flags import frontend_access, server_flags, stream_key
 
 CONTAINER_SERVER = Path("/opt/tritonserver")
+CONTAINER_BINARY = CONTAINER_SERVER / "bin" / "tritonserver"  # tritonserver 2.61 in the GPU image
 LOOPBACK = "127.0.0.1"  # where tritonserver's own endpoints listen, behind the edge
 IN_FLIGHT = ("specdec_requests_running{", "specdec_requests_queued{")  # spec_decode's gauges
 # glibc's malloc for tritonserver and its stubs (they inherit it; an operator's own setting of
@@ -72,8 +73,8 @@ class TritonInstall:
 def find_triton(build_dir: Path, standin: bool = False) -> TritonInstall:
     """The container's tritonserver, else the wheel's with its Python backend assembled in the
     build folder; with standin, the CPU stand-in for the tensorrtllm backend installed beside it."""
-    if not standin and (CONTAINER_SERVER / "bin" / "tritonserver").is_file():
-        return TritonInstall(CONTAINER_SERVER / "bin" / "tritonserver", CONTAINER_SERVER / "backends")
+    if not standin and CONTAINER_BINARY.is_file():
+        return TritonInstall(CONTAINER_BINARY, CONTAINER_SERVER / "backends")
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise ServerError("no tritonserver found: install the nvidia-pytriton wheel (./run does) or use the container")
@@ -202,7 +203,7 @@ class TritonServer:
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,shm-growth-byte-size=16777216",
             # server.tls, server.restricted_apis, server.extra_flags, for this tritonserver's version
-            *server_flags(self.profile, container=install.binary == CONTAINER_SERVER / "bin" / "tritonserver"),
+            *server_flags(self.profile, container=install.binary == CONTAINER_BINARY),
         ]
 
     def launch(self, install: TritonInstall) -> tuple[list[str], dict[str, str]]:
@@ -213,7 +214,7 @@ class TritonServer:
             return self.command(install), self.environment(install)
         from specdec.build.trtllm import TRITON_IMAGE, launch_command
 
-        if install.binary != CONTAINER_SERVER / "bin" / "tritonserver":
+        if install.binary != CONTAINER_BINARY:
             needs = f"backend tensorrtllm needs NVIDIA's Triton container ({TRITON_IMAGE})"
             raise ServerError(f"{self.profile.name}: {needs}")
         return launch_command(self.profile, self.command(install), self.environment(install))
@@ -390,16 +391,17 @@ class TritonServer:
             # tritonserver a process group of its own, and a dead server's stubs are orphans that
             # only this list (and the process group, where they share it) still reaches.
             started = [*descendants(proc.pid), *(stub for _, stub in self.stubs)]
-            # A model whose stub died never unloads: tritonserver waits out its exit timeout for
-            # it (Server::Stop, core src/server.cc 336-347 at r24.10), with nothing left to finish
-            graceful = graceful and all(alive(stub) for _, stub in self.stubs)
+            # SIGTERM only where every model can unload: one whose stub died never does, and
+            # tritonserver waits out its exit timeout for it (Server::Stop, core src/server.cc
+            # 336-347 at r24.10), with nothing left to finish
+            unloads = graceful and all(alive(stub) for _, stub in self.stubs)
             # and its regions now: a server stopped before it was ready has none recorded
             self.shared_memory |= mapped_shared_memory(triton_process(proc.pid))
             if proc.poll() is None:
                 # tritonserver itself shuts down gracefully; a launcher need not pass SIGTERM on,
                 # and exits once its child has
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(triton_process(proc.pid), signal.SIGTERM if graceful else signal.SIGKILL)
+                    os.kill(triton_process(proc.pid), signal.SIGTERM if unloads else signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=timeout)
             for process in started:

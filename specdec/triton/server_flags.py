@@ -78,7 +78,7 @@ OVERRIDABLE = ("log-verbose",)
 # not on its command line, which any local user can read.
 HEADERS_ENV = "SPECDEC_TRITON_HEADERS"
 # The edge's copy of gRPC inference's restricted header and value, JSON [header, value] (stream_key).
-KEY_ENV = "SPECDEC_EDGE_STREAM_KEY"
+STREAM_KEY_ENV = "SPECDEC_EDGE_STREAM_KEY"
 
 Protocol = Literal["http", "grpc"]
 
@@ -234,15 +234,12 @@ def client_tls(server: ServerOptions) -> dict[str, bool | str | None]:
 def stream_key(server: ServerOptions, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The gRPC header and value of the restricted group holding `inference` ({} when gRPC
     inference is open), for the edge (specdec/triton/edge.py) to check a stream when it opens, as
-    tritonserver does (GRPC_STREAM_CHECKED_AT_OPEN_WHERE). In KEY_ENV as JSON, not on its command
-    line."""
-    for i, group in enumerate(server.restricted_apis):
+    tritonserver does (GRPC_STREAM_CHECKED_AT_OPEN_WHERE). In STREAM_KEY_ENV as JSON, not on its
+    command line. ProfileError as client_headers'."""
+    for group in server.restricted_apis:
         if group.protocol == "grpc" and "inference" in group.apis:
-            problems: list[str] = []
-            value = restricted_value(group, f"server.restricted_apis.{i}", environ, problems)
-            if problems:
-                raise ProfileError("\n".join(problems))
-            return {KEY_ENV: json.dumps([GRPC_HEADER_PREFIX + group.header, value])}
+            header = GRPC_HEADER_PREFIX + group.header
+            return {STREAM_KEY_ENV: json.dumps([header, client_headers(server, "grpc", environ)[header]])}
     return {}
 
 

@@ -22,7 +22,7 @@ from specdec.build import build, upstream
 from specdec.build import trtllm as t
 from specdec.build.repository import TEMPLATES, model_templates, render_configs, render_repository
 from specdec.config import load_profile
-from specdec.triton.serve import CONTAINER_SERVER, Ports, TritonInstall, TritonServer
+from specdec.triton.serve import CONTAINER_BINARY, CONTAINER_SERVER, Ports, TritonInstall, TritonServer
 
 GOLDEN = Path(__file__).parent / "golden" / "trtllm"
 SHARED = ("ensemble", "preprocessing", "postprocessing", "spec_decode")
@@ -245,7 +245,7 @@ def test_the_container_serves_a_tensorrtllm_profile_under_mpirun(tmp_path):
     profile = tiny_profile("lookahead", tmp_path)
     render_repository(profile)
     server = TritonServer(profile, ports=Ports(8000, 8001, 8002))
-    container = TritonInstall(CONTAINER_SERVER / "bin" / "tritonserver", CONTAINER_SERVER / "backends")
+    container = TritonInstall(CONTAINER_BINARY, CONTAINER_SERVER / "backends")
     argv, env = server.launch(container)
     assert argv[:4] == ["mpirun", "-n", "1", str(container.binary)]
     assert set(server.command(container)[1:]) <= set(argv[4:])

@@ -21,14 +21,14 @@ from specdec.config import (
     parse_profile,
     resolve_relative_paths,
 )
-from specdec.triton.serve import CONTAINER_SERVER, TritonInstall, TritonServer
+from specdec.triton.serve import CONTAINER_BINARY, CONTAINER_SERVER, TritonInstall, TritonServer
 from specdec.triton.server_flags import (
     BUNDLE_BACKEND_CONFIG,
     BUNDLE_SETS,
     HEADERS_ENV,
-    KEY_ENV,
     OVERRIDABLE,
     REFUSED,
+    STREAM_KEY_ENV,
     TRTLLM_SETS,
     client_headers,
     client_tls,
@@ -223,7 +223,7 @@ def test_the_gpu_images_tritonserver_takes_its_own_options_within_its_bounds(tmp
     served = parse_profile(data)
     (served.repository_dir() / "ensemble").mkdir(parents=True)
     (served.repository_dir() / "ensemble" / "config.pbtxt").write_text("")
-    install = TritonInstall(CONTAINER_SERVER / "bin" / "tritonserver", CONTAINER_SERVER / "backends")
+    install = TritonInstall(CONTAINER_BINARY, CONTAINER_SERVER / "backends")
     assert TritonServer(served).command(install)[-1] == "--grpc-infer-thread-count=4"
     with pytest.raises(ProfileError, match=r"is tritonserver 2\.61's"):
         TritonServer(served).command(TritonInstall(Path("tritonserver"), tmp_path / "backends"))
@@ -321,7 +321,7 @@ def test_the_bundles_clients_trust_the_servers_certificate_and_send_its_keys(pem
     with pytest.raises(ProfileError, match=r"server.restricted_apis.0.value_env: the environment variable"):
         client_headers(server, "grpc", {})
     # the edge checks gRPC inference's header on a stream (edge.py): that group's, not the others'
-    assert json.loads(stream_key(server, ENV)[KEY_ENV]) == [f"{GRPC_HEADER_PREFIX}api-key", "s3cret"]
+    assert json.loads(stream_key(server, ENV)[STREAM_KEY_ENV]) == [f"{GRPC_HEADER_PREFIX}api-key", "s3cret"]
     others = [{"protocol": "http", "apis": ["inference"], "header": "x-api-key", "value": "h"},
               {"protocol": "grpc", "apis": ["model-config"], "header": "admin", "value": "root"}]  # fmt: skip
     assert stream_key(profile_with(restricted_apis=others).server, ENV) == {}
